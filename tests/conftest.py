@@ -1,0 +1,58 @@
+"""Shared fixtures: one real local[2] SparkSession for the run, real PS processes per module."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spark_home() -> str:
+    """A folder of symlinks to pyspark's bin/jars/sbin/python.
+
+    local-cluster executors write their work dirs under SPARK_HOME; pointing it at
+    site-packages would litter the install, so we give Spark a home of its own.
+    """
+    import pyspark
+
+    src = Path(pyspark.__file__).parent
+    home = ROOT / ".spark_home"
+    home.mkdir(exist_ok=True)
+    for name in ("bin", "jars", "sbin", "python"):
+        link = home / name
+        if not link.exists():
+            link.symlink_to(src / name)
+    return str(home)
+
+
+os.environ.setdefault("SPARK_HOME", _spark_home())
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def _builder(master: str, app: str):
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.task.maxFailures", "4")
+    )
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real local[2] SparkSession, shared by the whole run and stopped at its end."""
+    session = _builder("local[2]", "spark-ps-tests").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
