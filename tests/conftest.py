@@ -56,3 +56,22 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def ps():
+    """A real embedded PS (coordinator + 2 shard processes on loopback), stopped at the end."""
+    from spark_ps import PSContext
+
+    ctx = PSContext.getOrCreate(numShards=2)
+    yield ctx
+    ctx.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_ps(spark, ps):
+    """Spark and the PS together: `PSContext.getOrCreate(spark)` returns the same PS."""
+    from spark_ps import PSContext
+
+    assert PSContext.getOrCreate(spark) is ps
+    return spark, ps

@@ -1,0 +1,45 @@
+"""`spark-ps-server` / `python -m ps_server`: run a coordinator and N shards as a service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="spark-ps-server",
+        description="Run the spark-ps parameter server: a coordinator and N shard processes. "
+        "Spark jobs connect with --conf spark.ps.address=HOST:PORT and spark.ps.token.",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; non-loopback needs a token)",
+    )
+    p.add_argument("--port", type=int, default=0, help="coordinator port (0 = any free port)")
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="number of shard processes (default: one per core)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="directory (or pyarrow.fs URI) that restarted shards restore from",
+    )
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    token = os.environ.get("SPARK_PS_TOKEN", "")
+    from ps_server.service import run
+
+    run(args.host, args.port, args.shards, token, args.checkpoint_dir)
+
+
+if __name__ == "__main__":
+    main()

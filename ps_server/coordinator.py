@@ -1,0 +1,225 @@
+"""The control plane: shard map, model registry, barriers, clocks and the round board.
+
+Everything blocking (barriers, SSP clocks, waits, collects) waits on one condition
+variable with a deadline, and a worker that is removed (lost executor, failed
+task) stops counting, so nobody waits for the dead forever.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.wire import RequestError, from_array, to_array
+
+__all__ = ["CoordinatorServicer"]
+
+
+def _guard(method: Callable) -> Callable:
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except RequestError as e:
+            context.abort(getattr(grpc.StatusCode, e.code), str(e))
+
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    """State of the control plane; all fields are guarded by `self.cond`."""
+
+    def __init__(self, num_shards: int, on_shutdown: Callable[[], None] | None = None):
+        self.cond = threading.Condition()
+        self.addresses = [""] * num_shards
+        self.epoch = 0
+        self.models: dict[str, pb.ModelSpec] = {}
+        self.barriers: dict[str, tuple[int, set[str]]] = {}  # name -> (generation, arrived)
+        self.clocks: dict[str, dict[str, int]] = defaultdict(dict)
+        self.removed: dict[str, set[str]] = defaultdict(set)
+        self.clock_log: list[tuple[str, str, int, int]] = []  # (group, worker, clock, min)
+        self.heartbeats: dict[tuple[str, str], float] = {}
+        self.board: dict[str, tuple[int, str]] = {}
+        self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
+        self._on_shutdown = on_shutdown
+
+    # ------------------------------------------------------------ shards & models
+    def ready(self) -> bool:
+        with self.cond:
+            return all(self.addresses)
+
+    @_guard
+    def GetShardMap(self, request, context):
+        with self.cond:
+            return pb.ShardMap(addresses=self.addresses, epoch=self.epoch)
+
+    @_guard
+    def RegisterShard(self, request, context):
+        with self.cond:
+            if not 0 <= request.index < len(self.addresses):
+                raise RequestError(
+                    "OUT_OF_RANGE", f"shard index {request.index} not in [0, {len(self.addresses)})"
+                )
+            self.addresses[request.index] = request.address
+            self.epoch += 1
+            self.cond.notify_all()
+            return pb.ShardMap(addresses=self.addresses, epoch=self.epoch)
+
+    @_guard
+    def RegisterModel(self, request, context):
+        with self.cond:
+            old = self.models.get(request.name)
+            if old is not None and old != request:
+                raise RequestError(
+                    "ALREADY_EXISTS",
+                    f"model {request.name!r} exists with kind={old.kind} dim={old.dim} "
+                    f"cols={old.cols} dtype={old.dtype}; asked for kind={request.kind} "
+                    f"dim={request.dim} cols={request.cols} dtype={request.dtype}",
+                )
+            self.models[request.name] = request
+            return pb.Ack(value=len(self.models))
+
+    @_guard
+    def GetModel(self, request, context):
+        with self.cond:
+            spec = self.models.get(request.name)
+        if spec is None:
+            raise RequestError("NOT_FOUND", f"unknown model {request.name!r}")
+        return spec
+
+    # ------------------------------------------------------------ synchronization
+    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + (timeout if timeout > 0 else 3600.0)
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestError("DEADLINE_EXCEEDED", f"{what}: timed out after {timeout}s")
+            self.cond.wait(min(left, 1.0))
+
+    @_guard
+    def Barrier(self, request, context):
+        name, worker = request.name, request.worker
+        if not worker:
+            raise RequestError("INVALID_ARGUMENT", f"barrier {name!r}: empty worker id")
+        with self.cond:
+            generation, arrived = self.barriers.setdefault(name, (0, set()))
+            arrived.add(worker)
+            if len(arrived) >= request.count - len(self.removed[name]):
+                self.barriers[name] = (generation + 1, set())
+                self.cond.notify_all()
+                return pb.Ack(value=generation + 1)
+            self._wait(
+                lambda: (
+                    self.barriers[name][0] > generation
+                    or len(arrived) >= request.count - len(self.removed[name])
+                ),
+                request.timeout,
+                f"barrier {name!r} ({len(arrived)}/{request.count})",
+            )
+            if self.barriers[name][0] == generation:  # released by a removal
+                self.barriers[name] = (generation + 1, set())
+                self.cond.notify_all()
+            return pb.Ack(value=generation + 1)
+
+    @_guard
+    def Clock(self, request, context):
+        group, worker = request.group, request.worker
+        with self.cond:
+            if worker in self.removed[group]:
+                raise RequestError(
+                    "FAILED_PRECONDITION", f"worker {worker!r} was removed from group {group!r}"
+                )
+            clocks = self.clocks[group]
+            clocks[worker] = max(clocks.get(worker, 0), request.clock)
+            self.cond.notify_all()
+
+            def live_min() -> int | None:
+                live = {w: c for w, c in clocks.items() if w not in self.removed[group]}
+                need = request.num_workers - len(self.removed[group])
+                if len(live) < need:
+                    return None
+                return min(live.values())
+
+            def ok() -> bool:
+                m = live_min()
+                return m is not None and m >= request.clock - request.staleness
+
+            self._wait(ok, request.timeout, f"clock {group!r} worker {worker!r}")
+            m = live_min()
+            self.clock_log.append((group, worker, request.clock, m))
+            return pb.ClockResponse(min_clock=m)
+
+    @_guard
+    def Heartbeat(self, request, context):
+        with self.cond:
+            self.heartbeats[(request.group, request.worker)] = time.time()
+        return pb.Ack()
+
+    @_guard
+    def RemoveWorker(self, request, context):
+        with self.cond:
+            self.removed[request.group].add(request.worker)
+            self.cond.notify_all()
+            return pb.Ack(value=len(self.removed[request.group]))
+
+    # ------------------------------------------------------------ the round board
+    @_guard
+    def Post(self, request, context):
+        with self.cond:
+            self.board[request.topic] = (request.round, request.payload)
+            self.cond.notify_all()
+        return pb.Ack(value=request.round)
+
+    @_guard
+    def Wait(self, request, context):
+        topic = request.topic
+        with self.cond:
+            self._wait(
+                lambda: self.board.get(topic, (-1 << 62, ""))[0] >= request.min_round,
+                request.timeout,
+                f"wait for {topic!r} round {request.min_round}",
+            )
+            round_, payload = self.board[topic]
+        return pb.PostRequest(topic=topic, round=round_, payload=payload)
+
+    @_guard
+    def Contribute(self, request, context):
+        values = from_array(request.values, f"contribution to {request.topic!r}", ndim=(1,))
+        values = values.astype(np.float64)
+        with self.cond:
+            self.parts[(request.topic, request.round)][request.part] = values
+            self.cond.notify_all()
+        return pb.Ack(value=request.part)
+
+    @_guard
+    def Collect(self, request, context):
+        key = (request.topic, request.round)
+        with self.cond:
+            self._wait(
+                lambda: len(self.parts[key]) >= request.num_parts,
+                request.timeout,
+                f"collect {request.topic!r} round {request.round} "
+                f"({len(self.parts[key])}/{request.num_parts} parts)",
+            )
+            parts = self.parts.pop(key)
+            for old in [k for k in self.parts if k[0] == request.topic and k[1] < request.round]:
+                del self.parts[old]
+        total = None
+        for part in sorted(parts):  # fixed order: the same parts always give the same sum
+            total = parts[part].copy() if total is None else total + parts[part]
+        return pb.CollectResponse(
+            sum=to_array(total if total is not None else np.zeros(0)), num_parts=len(parts)
+        )
+
+    @_guard
+    def Shutdown(self, request, context):
+        if self._on_shutdown is not None:
+            threading.Thread(target=self._on_shutdown, daemon=True).start()
+        return pb.Ack()

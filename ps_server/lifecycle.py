@@ -1,0 +1,68 @@
+"""Process plumbing shared by the service and its shards: no orphans, clean stops."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+
+import grpc
+
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.wire import TOKEN_KEY
+
+__all__ = ["die_with_parent", "register_with_coordinator", "wait_for_parent_or_stop"]
+
+log = logging.getLogger("ps_server")
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when our parent dies (the watch loop covers other OSes)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def register_with_coordinator(
+    address: str, token: str, index: int, own: str, timeout: float = 30.0
+) -> None:
+    """Tell the coordinator where shard `index` listens; retried until it answers."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as ch:
+        stub = pb_grpc.CoordinatorStub(ch)
+        while True:
+            try:
+                stub.RegisterShard(
+                    pb.RegisterShardRequest(index=index, address=own, pid=os.getpid()),
+                    metadata=((TOKEN_KEY, token),),
+                    timeout=5,
+                )
+                return
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def wait_for_parent_or_stop(server: grpc.Server, stop: threading.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, `stop`, or our parent process goes away."""
+    stop = stop or threading.Event()
+    parent = os.getppid()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(0.5):
+        if os.getppid() != parent:
+            log.info("parent %d is gone; stopping", parent)
+            break
+    server.stop(grace=1).wait()

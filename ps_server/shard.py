@@ -1,0 +1,286 @@
+"""One PS shard: a gRPC server holding slices of models (the data plane).
+
+Run as `python -m ps_server.shard --index I --coordinator HOST:PORT`; the token
+comes from the SPARK_PS_TOKEN environment variable, never from argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+import numpy as np
+
+from ps_server import checkpoint, lifecycle
+from ps_server.auth import TokenInterceptor
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.tensors import Tensor
+from ps_server.wire import RequestError, from_array, to_array
+
+__all__ = ["ShardServicer", "serve_shard", "main"]
+
+log = logging.getLogger("ps_server.shard")
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+def _guard(method: Callable) -> Callable:
+    """Turn RequestError (and surprises) into a clean gRPC status; never crash the shard."""
+
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except RequestError as e:
+            context.abort(getattr(grpc.StatusCode, e.code), str(e))
+        except MemoryError:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"shard {self.index}: out of memory")
+        except Exception as e:  # noqa: BLE001 - a shard must survive any request
+            log.exception("shard %d: %s failed", self.index, method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"shard {self.index}: {type(e).__name__}: {e}")
+
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+class ShardServicer(pb_grpc.ShardServicer):
+    """Serves pull/push/reduce/vector ops for the model slices this shard owns."""
+
+    def __init__(self, index: int = 0):
+        self.index = index
+        self.models: dict[str, Tensor] = {}
+        self._lock = threading.Lock()
+
+    def tensor(self, name: str) -> Tensor:
+        t = self.models.get(name)
+        if t is None:
+            raise RequestError(
+                "NOT_FOUND",
+                f"shard {self.index}: unknown model {name!r} "
+                f"(known: {', '.join(sorted(self.models)) or 'none'})",
+            )
+        return t
+
+    @_guard
+    def CreateModel(self, request, context):
+        spec = request.spec
+        with self._lock:
+            old = self.models.get(spec.name)
+            if old is not None:
+                if request.exist_ok and old.spec == spec:
+                    return old.info()
+                raise RequestError(
+                    "ALREADY_EXISTS",
+                    f"shard {self.index}: model {spec.name!r} exists with kind={old.spec.kind} "
+                    f"dim={old.spec.dim} cols={old.spec.cols} dtype={old.spec.dtype}; "
+                    f"asked for kind={spec.kind} dim={spec.dim} cols={spec.cols} "
+                    f"dtype={spec.dtype}",
+                )
+            t = Tensor.create(spec)
+            self.models[spec.name] = t
+            return t.info()
+
+    @_guard
+    def DropModel(self, request, context):
+        with self._lock:
+            return pb.Ack(value=int(self.models.pop(request.name, None) is not None))
+
+    @_guard
+    def ListModels(self, request, context):
+        return pb.ModelList(models=[t.info() for t in list(self.models.values())])
+
+    @_guard
+    def Pull(self, request, context):
+        t = self.tensor(request.model)
+        if request.by_range:
+            keys, values = t.pull_range(request.start, request.stop, request.slot)
+            return pb.PullResponse(values=to_array(values), keys=to_array(keys))
+        what = f"Pull from {t.where} on shard {self.index}"
+        keys = t.check_keys(from_array(request.keys, what), what)
+        return pb.PullResponse(values=to_array(t.pull(keys, request.slot)))
+
+    @_guard
+    def Push(self, request, context):
+        t = self.tensor(request.model)
+        what = f"Push to {t.where} on shard {self.index}"
+        keys = t.check_keys(from_array(request.keys, f"keys of {what}"), what)
+        values = t.check_values(from_array(request.values, f"values of {what}"), keys.size, what)
+        if request.aggregate:
+            with t.lock:
+                t.contributions.put(request.round, request.part, request.chunk, keys, values)
+            return pb.Ack(value=int(keys.size))
+        return pb.Ack(value=t.push(keys, values, request.op))
+
+    @_guard
+    def Reduce(self, request, context):
+        t = self.tensor(request.model)
+        return pb.Ack(value=t.reduce(request.round, request.op, request.zero_first))
+
+    @_guard
+    def VectorOp(self, request, context):
+        tensors = [self.tensor(n) for n in request.models]
+        return pb.Scalar(value=vector_op(request, tensors))
+
+    @_guard
+    def Call(self, request, context):
+        fn = _server_function(request.function)
+        tensors = [self.tensor(n) for n in request.models]
+        arrays = [
+            from_array(a, f"array {i} of Call {request.function}")
+            for i, a in enumerate(request.arrays)
+        ]
+        try:
+            args = json.loads(request.args) if request.args else {}
+        except json.JSONDecodeError as e:
+            raise RequestError(
+                "INVALID_ARGUMENT", f"Call {request.function}: bad JSON: {e}"
+            ) from None
+        result, out = fn(tensors, args, arrays)
+        return pb.CallResponse(result=json.dumps(result), arrays=[to_array(a) for a in out])
+
+    @_guard
+    def Checkpoint(self, request, context):
+        with self._lock:
+            models = dict(self.models)
+        path, nbytes = checkpoint.save_shard(request.uri, request.version, self.index, models)
+        return pb.CheckpointResponse(path=path, nbytes=nbytes, num_models=len(models))
+
+    @_guard
+    def Restore(self, request, context):
+        models = checkpoint.load_shard(request.uri, request.version, self.index)
+        with self._lock:  # models created since the snapshot are kept
+            self.models.update(models)
+        return pb.CheckpointResponse(num_models=len(models))
+
+    @_guard
+    def Health(self, request, context):
+        models = list(self.models.values())
+        return pb.HealthResponse(
+            index=self.index,
+            num_models=len(models),
+            nbytes=sum(t.store.nbytes for t in models),
+            pid=os.getpid(),
+        )
+
+
+def vector_op(request: pb.VectorOpRequest, tensors: list[Tensor]) -> float:
+    """Element-wise/reduction ops over co-located dense slices; returns this shard's partial."""
+    op = request.op
+    arity = {"axpy": 2, "copy": 2, "dot": 2, "scale": 1, "nrm2": 1, "sum": 1, "fill": 1}
+    if op != "kernel" and len(tensors) != arity.get(op, -1):
+        if op not in arity:
+            raise RequestError("INVALID_ARGUMENT", f"unknown vector op {op!r}")
+        raise RequestError("INVALID_ARGUMENT", f"{op} takes {arity[op]} models, got {len(tensors)}")
+    first = tensors[0].spec if tensors else None
+    for t in tensors:
+        if (t.spec.dim, t.spec.cols, t.spec.offset) != (first.dim, first.cols, first.offset):
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"{op}: {t.where} (dim {t.spec.dim}, cols {t.spec.cols}) is not co-located with "
+                f"{tensors[0].where} (dim {first.dim}, cols {first.cols})",
+            )
+    arrs = [t.dense_values() for t in tensors]
+    a = request.alpha
+    if op == "axpy":
+        arrs[1] += a * arrs[0]
+    elif op == "copy":
+        arrs[0][...] = arrs[1]
+    elif op == "scale":
+        arrs[0] *= a
+    elif op == "fill":
+        arrs[0][...] = a
+    elif op == "dot":
+        return float(np.dot(arrs[0], arrs[1]))
+    elif op == "nrm2":
+        return float(np.dot(arrs[0], arrs[0]))
+    elif op == "sum":
+        return float(arrs[0].sum())
+    else:
+        from ps_server.functions.vector import KERNELS
+
+        kernel = KERNELS.get(request.kernel)
+        if kernel is None:
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"unknown kernel {request.kernel!r} (known: {', '.join(sorted(KERNELS))})",
+            )
+        return float(kernel(*arrs, **dict(request.kwargs)))
+    return 0.0
+
+
+def _server_function(name: str) -> Callable:
+    """Resolve "module.function" to a function a module in ps_server.functions exports.
+
+    Only names listed in that module's SERVER_FUNCTIONS can be called.
+    """
+    module, _, fn = name.partition(".")
+    if not module.isidentifier() or not fn:
+        raise RequestError("INVALID_ARGUMENT", f"bad server function name {name!r}")
+    try:
+        mod = importlib.import_module(f"ps_server.functions.{module}")
+    except ImportError:
+        raise RequestError("NOT_FOUND", f"no server function module {module!r}") from None
+    table = getattr(mod, "SERVER_FUNCTIONS", {})
+    if fn not in table:
+        raise RequestError(
+            "NOT_FOUND", f"unknown server function {name!r} (known: {', '.join(sorted(table))})"
+        )
+    return table[fn]
+
+
+def serve_shard(
+    index: int, host: str, port: int, token: str, workers: int = 16
+) -> tuple[grpc.Server, int, ShardServicer]:
+    """Start a shard server; returns (server, bound port, servicer). Port 0 picks a free one."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers),
+        interceptors=[TokenInterceptor(token)],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    servicer = ShardServicer(index)
+    pb_grpc.add_ShardServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"shard {index}: cannot bind {host}:{port}")
+    server.start()
+    return server, bound, servicer
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="One spark-ps shard (started by spark-ps-server).")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--coordinator", required=True, help="host:port of the coordinator")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--restore", default="", help="checkpoint directory to restore from")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    lifecycle.die_with_parent()
+    token = os.environ.get("SPARK_PS_TOKEN", "")
+    server, port, servicer = serve_shard(args.index, args.host, args.port, token)
+    if args.restore:
+        restored = checkpoint.restore_latest(args.restore, args.index)
+        if restored is not None:
+            servicer.models, version = restored
+            log.info(
+                "shard %d restored %d models from version %d",
+                args.index,
+                len(servicer.models),
+                version,
+            )
+    lifecycle.register_with_coordinator(args.coordinator, token, args.index, f"{args.host}:{port}")
+    lifecycle.wait_for_parent_or_stop(server)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""One shard's slice of a model: its store, optimizer and exactly-once buffer.
+
+A `Tensor` validates every request completely before it mutates anything, so a
+refused request leaves the state exactly as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ps_server.optim import OPTIMIZERS, Optimizer, make_optimizer
+from ps_server.proto import ps_pb2 as pb
+from ps_server.storage import Contributions, DenseStore, SparseStore, Store
+from ps_server.wire import RequestError
+
+__all__ = ["Tensor", "spec_from_state", "VALUE_DTYPES"]
+
+VALUE_DTYPES = ("float64", "float32")
+_INITS = ("zeros", "normal", "uniform")
+
+
+def _check_spec(spec: pb.ModelSpec) -> None:
+    where = f"model {spec.name!r}"
+    if not spec.name:
+        raise RequestError("INVALID_ARGUMENT", "model name must not be empty")
+    if spec.kind not in ("dense", "sparse"):
+        raise RequestError("INVALID_ARGUMENT", f"{where}: kind {spec.kind!r} (dense|sparse)")
+    if spec.dim <= 0 or spec.cols <= 0:
+        raise RequestError(
+            "INVALID_ARGUMENT", f"{where}: dim {spec.dim} and cols {spec.cols} must be positive"
+        )
+    if spec.dtype not in VALUE_DTYPES:
+        raise RequestError("INVALID_ARGUMENT", f"{where}: dtype {spec.dtype!r} {VALUE_DTYPES}")
+    if spec.init and spec.init not in _INITS:
+        raise RequestError("INVALID_ARGUMENT", f"{where}: init {spec.init!r} not in {_INITS}")
+    if spec.optimizer and spec.optimizer not in OPTIMIZERS:
+        raise RequestError(
+            "INVALID_ARGUMENT",
+            f"{where}: optimizer {spec.optimizer!r} unknown (known: {', '.join(OPTIMIZERS)})",
+        )
+    if spec.kind == "dense" and not (0 <= spec.offset and spec.offset + spec.length <= spec.dim):
+        raise RequestError(
+            "INVALID_ARGUMENT",
+            f"{where}: slice [{spec.offset}, {spec.offset + spec.length}) outside [0, {spec.dim})",
+        )
+
+
+@dataclass
+class Tensor:
+    """A model's slice on this shard."""
+
+    spec: pb.ModelSpec
+    store: Store
+    optimizer: Optimizer | None
+    contributions: Contributions = field(default_factory=Contributions)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(cls, spec: pb.ModelSpec) -> Tensor:
+        _check_spec(spec)
+        dtype = np.dtype(spec.dtype)
+        if spec.kind == "dense":
+            store: Store = DenseStore(spec.length, spec.cols, spec.offset, dtype)
+        else:
+            store = SparseStore(spec.cols, dtype, spec.init or "zeros", spec.init_scale, spec.seed)
+        return cls(spec, store, _make_optimizer(spec, store))
+
+    @classmethod
+    def from_state(cls, spec: pb.ModelSpec, state: dict[str, np.ndarray]) -> Tensor:
+        store = (DenseStore if spec.kind == "dense" else SparseStore).from_state(state)
+        return cls(spec, store, _make_optimizer(spec, store, attach=False))
+
+    # ------------------------------------------------------------ validation
+    @property
+    def where(self) -> str:
+        return f"model {self.spec.name!r}"
+
+    def check_keys(self, keys: np.ndarray, what: str) -> np.ndarray:
+        if keys.ndim != 1 or keys.dtype.kind not in "iu":
+            raise RequestError(
+                "INVALID_ARGUMENT", f"{what}: keys must be a 1-D int64 array, got {keys.dtype}"
+            )
+        keys = keys.astype(np.int64, copy=False)
+        if keys.size == 0:
+            return keys
+        lo, hi = self._key_range()
+        bad = (keys < lo) | (keys >= hi)
+        if bad.any():
+            i = int(np.argmax(bad))
+            kind = "negative key" if keys[i] < 0 else "key out of range"
+            raise RequestError(
+                "OUT_OF_RANGE",
+                f"{what}: {kind} {int(keys[i])} at position {i}; this shard holds keys "
+                f"[{lo}, {hi}) of {self.where} (dim {self.spec.dim})",
+            )
+        return keys
+
+    def _key_range(self) -> tuple[int, int]:
+        if self.spec.kind == "dense":
+            return self.spec.offset, self.spec.offset + self.spec.length
+        return 0, self.spec.dim
+
+    def check_values(self, values: np.ndarray, n: int, what: str) -> np.ndarray:
+        cols = self.spec.cols
+        if values.dtype.name not in VALUE_DTYPES:
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"{what}: values dtype {values.dtype.name} (expected float64 or float32)",
+            )
+        if values.ndim == 1 and cols == 1:
+            values = values.reshape(-1, 1)
+        if values.ndim != 2 or values.shape != (n, cols):
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"{what}: values of shape {values.shape} do not match {n} keys x {cols} cols "
+                f"of {self.where}",
+            )
+        finite = np.isfinite(values)
+        if not finite.all():
+            i = int(np.argmax(~finite.all(axis=1)))
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"{what}: non-finite value {values[i][~finite[i]][0]} at row {i}; "
+                f"{self.where} refuses NaN/inf updates",
+            )
+        return values.astype(self.store.dtype, copy=False)
+
+    # ------------------------------------------------------------ operations
+    def pull(self, keys: np.ndarray, slot: str) -> np.ndarray:
+        self._check_slot(slot)
+        create = self.spec.create_on_pull
+        with self.lock:
+            return np.array(self.store.gather(keys, slot or "w", create=create))
+
+    def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray, np.ndarray]:
+        """Dense: global keys [start, stop). Sparse: materialised rows [start, stop)."""
+        self._check_slot(slot)
+        with self.lock:
+            if self.spec.kind == "dense":
+                lo, hi = self._key_range()
+                if not (lo <= start <= stop <= hi):
+                    raise RequestError(
+                        "OUT_OF_RANGE",
+                        f"pull range [{start}, {stop}) outside [{lo}, {hi}) of {self.where}",
+                    )
+                keys = np.arange(start, stop, dtype=np.int64)
+                return keys, np.array(self.store.gather(keys, slot or "w"))
+            keys = self.store.all_keys()[start:stop]
+            return keys, np.array(self.store.gather(keys, slot or "w"))
+
+    def _check_slot(self, slot: str) -> None:
+        known = ("w", *(self.optimizer.slots if self.optimizer else ()))
+        if slot and slot not in known:
+            raise RequestError(
+                "INVALID_ARGUMENT", f"{self.where} has no slot {slot!r} (slots: {known})"
+            )
+
+    def push(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
+        with self.lock:
+            if op == pb.ADD:
+                self.store.add(keys, values)
+            elif op == pb.SET:
+                self.store.assign(keys, values)
+            elif op == pb.STEP:
+                if self.optimizer is None:
+                    raise RequestError(
+                        "FAILED_PRECONDITION", f"{self.where} has no optimizer; push ADD or SET"
+                    )
+                from ps_server.keys import combine
+
+                keys, values = combine(keys, values)
+                rows = self.store.locate(keys, create=True)
+                self.optimizer.step(self.store, rows, values)
+            else:
+                raise RequestError("INVALID_ARGUMENT", f"unknown push op {op}")
+        return int(keys.size)
+
+    def reduce(self, round_: int, op: int, zero_first: bool) -> int:
+        """Apply the summed contributions of `round_` (in part order) and forget them."""
+        with self.lock:
+            parts = self.contributions.parts(round_)
+            keys, values = self.contributions.reduce(round_)
+        if op == pb.STEP and self.optimizer is None:
+            raise RequestError("FAILED_PRECONDITION", f"{self.where} has no optimizer")
+        if zero_first:
+            with self.lock:
+                self.store.fill(0.0)
+        if keys.size:
+            self.push(keys, values.astype(self.store.dtype, copy=False), op)
+        with self.lock:
+            self.contributions.drop_before(round_ + 1)
+        return len(parts)
+
+    def dense_values(self) -> np.ndarray:
+        """The weights as a flat, writable view (dense tensors only)."""
+        if self.spec.kind != "dense":
+            raise RequestError(
+                "FAILED_PRECONDITION", f"vector ops need dense tensors; {self.where} is sparse"
+            )
+        return self.store.slot("w")[: self.spec.length].reshape(-1)
+
+    def info(self) -> pb.ModelInfo:
+        return pb.ModelInfo(spec=self.spec, num_rows=self.store.num_rows, nbytes=self.store.nbytes)
+
+
+def _make_optimizer(spec: pb.ModelSpec, store: Store, attach: bool = True) -> Optimizer | None:
+    if not spec.optimizer:
+        return None
+    try:
+        opt = make_optimizer(spec.optimizer, dict(spec.opt_params))
+    except ValueError as e:
+        raise RequestError("INVALID_ARGUMENT", f"model {spec.name!r}: {e}") from None
+    if attach:
+        opt.attach(store)
+    return opt
+
+
+def spec_from_state(raw: bytes) -> pb.ModelSpec:
+    spec = pb.ModelSpec()
+    spec.ParseFromString(raw)
+    return spec

@@ -1,0 +1,482 @@
+"""PSClient: one screen of API over the shards and the coordinator.
+
+Array contract (written once, every method points here): keys are 1-D int64 in
+[0, dim); values are float arrays of shape [n] for vectors (cols == 1) or
+[n, cols]. Keys may repeat: a pull deduplicates them before sending, a push sums
+the values of equal keys before sending. Each call sends one request per shard
+(chunked below `max_message_bytes`), all shards concurrently, and retries with
+backoff when a shard is unavailable (restarting), re-resolving the shard map.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from ps_server.keys import combine, dedup, validate_keys
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.wire import TOKEN_KEY, from_array, to_array
+from spark_ps.client.spec import TensorSpec
+
+__all__ = ["PSClient", "PSError", "get_client"]
+
+log = logging.getLogger("spark_ps.client")
+
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+]
+_OPS = {"add": pb.ADD, "set": pb.SET, "step": pb.STEP}
+
+
+class PSError(RuntimeError):
+    """A PS call failed; carries the gRPC status `code`, the `shard` (or None) and the `rpc`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        shard: int | None = None,
+        rpc: str = "",
+    ):
+        where = f"{rpc} on shard {shard}" if shard is not None else rpc
+        super().__init__(f"{where}: {message}" if where else message)
+        self.code, self.shard, self.rpc = code, shard, rpc
+
+
+class PSClient:
+    """A connection set to one PS service (coordinator + shards)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str = "",
+        *,
+        timeout: float = 120.0,
+        retry_seconds: float = 90.0,
+        max_message_bytes: int = 4 << 20,
+    ):
+        self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
+        self.max_message_bytes = max_message_bytes
+        self._md = ((TOKEN_KEY, token),)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+        self.coordinator = pb_grpc.CoordinatorStub(self._channel(address))
+        self.epoch, self.shards = -1, []
+        self.refresh()
+
+    # ------------------------------------------------------------ plumbing
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address, options=_OPTIONS)
+            return self._channels[address]
+
+    def refresh(self) -> None:
+        """Re-read the shard map (after a shard restarted elsewhere)."""
+        smap = self._coord("GetShardMap", pb.Empty())
+        self.epoch = smap.epoch
+        self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def _coord(self, rpc: str, request, timeout: float | None = None):
+        deadline = time.monotonic() + self.retry_seconds
+        while True:
+            try:
+                return getattr(self.coordinator, rpc)(
+                    request, metadata=self._md, timeout=timeout or self.timeout
+                )
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise PSError(e.details() or str(e.code()), code=e.code(), rpc=rpc) from None
+                time.sleep(0.2)
+
+    def _fanout(self, rpc: str, requests: list[tuple[int, object]]) -> list:
+        """Send (shard, request) pairs concurrently; retry unavailable shards with backoff."""
+        results: list = [None] * len(requests)
+        pending = list(range(len(requests)))
+        deadline, delay = time.monotonic() + self.retry_seconds, 0.1
+        while pending:
+            futures = [
+                (
+                    i,
+                    getattr(self.shards[requests[i][0]], rpc).future(
+                        requests[i][1], metadata=self._md, timeout=self.timeout
+                    ),
+                )
+                for i in pending
+            ]
+            retry = []
+            for i, fut in futures:
+                try:
+                    results[i] = fut.result()
+                except grpc.RpcError as e:
+                    shard = requests[i][0]
+                    if e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                        retry.append(i)
+                        continue
+                    raise PSError(
+                        e.details() or str(e.code()), code=e.code(), shard=shard, rpc=rpc
+                    ) from None
+            if retry:
+                log.warning(
+                    "%s: shards %s unavailable; retrying in %.1fs",
+                    rpc,
+                    sorted({requests[i][0] for i in retry}),
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                self.refresh()
+            pending = retry
+        return results
+
+    def _chunks(self, n: int, row_bytes: int) -> list[slice]:
+        step = max(1, self.max_message_bytes // max(row_bytes, 1))
+        return [slice(i, min(i + step, n)) for i in range(0, n, step)] or [slice(0, 0)]
+
+    # ------------------------------------------------------------ models
+    def create(self, spec: TensorSpec, exist_ok: bool = False) -> None:
+        """Register `spec` with the coordinator and create its slice on every shard."""
+        self._coord("RegisterModel", spec.global_spec())
+        self._fanout(
+            "CreateModel",
+            [
+                (s, pb.CreateModelRequest(spec=spec.shard_spec(s), exist_ok=exist_ok))
+                for s in range(spec.num_shards)
+            ],
+        )
+
+    def lookup(self, name: str) -> TensorSpec:
+        return TensorSpec.from_global(self._coord("GetModel", pb.ModelRef(name=name)))
+
+    def drop(self, spec: TensorSpec) -> None:
+        self._fanout(
+            "DropModel", [(s, pb.ModelRef(name=spec.name)) for s in range(spec.num_shards)]
+        )
+
+    # ------------------------------------------------------------ data plane
+    def pull(self, spec: TensorSpec, keys: np.ndarray, slot: str = "") -> np.ndarray:
+        """Values of `keys` (see the array contract); absent sparse rows read as 0."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        validate_keys(keys, spec.dim, f"pull from {spec.name!r}")
+        uniq, inverse = dedup(keys)
+        out = np.empty((uniq.size, spec.cols), dtype=spec.dtype)
+        reqs, places = [], []
+        for s, pos in enumerate(spec.route(uniq)):
+            for c in self._chunks(pos.size, 8 + 8 * spec.cols):
+                if pos[c].size:
+                    reqs.append(
+                        (s, pb.PullRequest(model=spec.name, keys=to_array(uniq[pos[c]]), slot=slot))
+                    )
+                    places.append(pos[c])
+        for place, resp in zip(places, self._fanout("Pull", reqs), strict=True):
+            out[place] = from_array(resp.values, f"Pull {spec.name!r}").reshape(-1, spec.cols)
+        out = out[inverse]
+        return out[:, 0] if spec.cols == 1 else out
+
+    def pull_all(self, spec: TensorSpec, slot: str = "") -> tuple[np.ndarray, np.ndarray]:
+        """(keys, values) of every row: all of a dense tensor, the touched rows of a sparse one."""
+        rows = max(1, self.max_message_bytes // (8 + 8 * spec.cols))
+        keys, values = [], []
+        if spec.kind == "dense":
+            b = spec.bounds()
+            reqs = [
+                (
+                    s,
+                    pb.PullRequest(
+                        model=spec.name,
+                        by_range=True,
+                        start=i,
+                        stop=min(i + rows, int(b[s + 1])),
+                        slot=slot,
+                    ),
+                )
+                for s in range(spec.num_shards)
+                for i in range(int(b[s]), int(b[s + 1]), rows)
+            ]
+            resps = self._fanout("Pull", reqs)
+        else:
+            resps = []
+            for s in range(spec.num_shards):
+                start = 0
+                while True:
+                    (r,) = self._fanout(
+                        "Pull",
+                        [
+                            (
+                                s,
+                                pb.PullRequest(
+                                    model=spec.name,
+                                    by_range=True,
+                                    start=start,
+                                    stop=start + rows,
+                                    slot=slot,
+                                ),
+                            )
+                        ],
+                    )
+                    resps.append(r)
+                    n = len(r.keys.data) // 8
+                    start += n
+                    if n < rows:
+                        break
+        for r in resps:
+            keys.append(from_array(r.keys, "Pull keys"))
+            values.append(from_array(r.values, "Pull values").reshape(-1, spec.cols))
+        k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        v = np.concatenate(values) if values else np.zeros((0, spec.cols), spec.dtype)
+        order = np.argsort(k, kind="stable")
+        k, v = k[order], v[order]
+        return k, (v[:, 0] if spec.cols == 1 else v)
+
+    def push(
+        self,
+        spec: TensorSpec,
+        keys: np.ndarray,
+        values: np.ndarray,
+        op: str = "add",
+        *,
+        round: int | None = None,
+        part: int = 0,
+    ) -> None:
+        """Push rows (see the array contract). `op`: add | set | step (the model's optimizer).
+
+        With `round`, the push is this `part`'s exactly-once contribution to that round:
+        a second attempt replaces the first, and nothing is applied until `reduce`.
+        """
+        if op not in _OPS:
+            raise ValueError(f"push op must be one of {sorted(_OPS)}, got {op!r}")
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        values = np.asarray(values)
+        if values.shape[0] != keys.size or values.size != keys.size * spec.cols:
+            raise ValueError(
+                f"push to {spec.name!r}: {keys.size} keys but values of shape "
+                f"{values.shape} (cols {spec.cols})"
+            )
+        validate_keys(keys, spec.dim, f"push to {spec.name!r}")
+        values = values.reshape(keys.size, spec.cols)
+        if op == "set":
+            if np.unique(keys).size != keys.size:
+                raise ValueError(f"push op 'set' to {spec.name!r} needs unique keys")
+        else:
+            keys, values = combine(keys, values)
+        values = values.astype(spec.dtype, copy=False)
+        reqs = []
+        for s, pos in enumerate(spec.route(keys)):
+            for chunk, c in enumerate(self._chunks(pos.size, 8 + values.itemsize * spec.cols)):
+                if pos[c].size:
+                    reqs.append(
+                        (
+                            s,
+                            pb.PushRequest(
+                                model=spec.name,
+                                keys=to_array(keys[pos[c]]),
+                                values=to_array(values[pos[c]]),
+                                op=_OPS[op],
+                                aggregate=round is not None,
+                                round=round or 0,
+                                part=part,
+                                chunk=chunk,
+                            ),
+                        )
+                    )
+        self._fanout("Push", reqs)
+
+    def reduce(self, spec: TensorSpec, round: int, op: str = "set") -> None:
+        """Apply the summed contributions of `round`: set (replace the tensor), add or step."""
+        zero = op == "set"
+        self._fanout(
+            "Reduce",
+            [
+                (
+                    s,
+                    pb.ReduceRequest(
+                        model=spec.name,
+                        round=round,
+                        op=pb.ADD if zero else _OPS[op],
+                        zero_first=zero,
+                    ),
+                )
+                for s in range(spec.num_shards)
+            ],
+        )
+
+    def vector_op(
+        self,
+        op: str,
+        specs: list[TensorSpec],
+        alpha: float = 0.0,
+        kernel: str = "",
+        **kwargs: float,
+    ) -> float:
+        """Server-side algebra over co-located dense tensors; only the scalar comes back."""
+        n = specs[0].num_shards
+        parts = self._fanout(
+            "VectorOp",
+            [
+                (
+                    s,
+                    pb.VectorOpRequest(
+                        op=op,
+                        models=[x.name for x in specs],
+                        alpha=alpha,
+                        kernel=kernel,
+                        kwargs={k: float(v) for k, v in kwargs.items()},
+                    ),
+                )
+                for s in range(n)
+            ],
+        )
+        total = float(sum(p.value for p in parts))
+        return float(np.sqrt(total)) if op == "nrm2" else total
+
+    def call(
+        self,
+        function: str,
+        specs: list[TensorSpec],
+        args: dict | None = None,
+        arrays: list[list[np.ndarray]] | None = None,
+    ) -> list[tuple[dict, list[np.ndarray]]]:
+        """Run server function `function` on every shard; arrays[s] go to shard s."""
+        n = specs[0].num_shards if specs else self.num_shards
+        resps = self._fanout(
+            "Call",
+            [
+                (
+                    s,
+                    pb.CallRequest(
+                        function=function,
+                        models=[x.name for x in specs],
+                        args=json.dumps(args or {}),
+                        arrays=[to_array(a) for a in (arrays[s] if arrays else [])],
+                    ),
+                )
+                for s in range(n)
+            ],
+        )
+        return [
+            (json.loads(r.result or "{}"), [from_array(a, f"{function} result") for a in r.arrays])
+            for r in resps
+        ]
+
+    def checkpoint(self, uri: str, version: int) -> int:
+        """Snapshot every shard, then seal the version with a manifest. Returns bytes written."""
+        from ps_server.checkpoint import write_manifest
+
+        resps = self._fanout(
+            "Checkpoint",
+            [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
+        )
+        write_manifest(uri, version, self.num_shards)
+        return sum(r.nbytes for r in resps)
+
+    def restore(self, uri: str, version: int) -> None:
+        self._fanout(
+            "Restore",
+            [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
+        )
+
+    def health(self) -> list[pb.HealthResponse]:
+        return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
+
+    # ------------------------------------------------------------ control plane
+    def barrier(self, name: str, worker: str, count: int, timeout: float = 600.0) -> None:
+        self._coord(
+            "Barrier",
+            pb.BarrierRequest(name=name, worker=worker, count=count, timeout=timeout),
+            timeout + 10,
+        )
+
+    def clock(
+        self,
+        group: str,
+        worker: str,
+        clock: int,
+        *,
+        staleness: int,
+        num_workers: int,
+        timeout: float = 600.0,
+    ) -> int:
+        """Report `clock`; block until every live worker is within `staleness` of it."""
+        return self._coord(
+            "Clock",
+            pb.ClockRequest(
+                group=group,
+                worker=worker,
+                clock=clock,
+                staleness=staleness,
+                num_workers=num_workers,
+                timeout=timeout,
+            ),
+            timeout + 10,
+        ).min_clock
+
+    def heartbeat(self, group: str, worker: str) -> None:
+        self._coord("Heartbeat", pb.WorkerRef(group=group, worker=worker))
+
+    def remove_worker(self, group: str, worker: str) -> None:
+        self._coord("RemoveWorker", pb.WorkerRef(group=group, worker=worker))
+
+    def post(self, topic: str, round: int, payload: dict) -> None:
+        self._coord("Post", pb.PostRequest(topic=topic, round=round, payload=json.dumps(payload)))
+
+    def wait(self, topic: str, min_round: int, timeout: float = 600.0) -> tuple[int, dict]:
+        r = self._coord(
+            "Wait", pb.WaitRequest(topic=topic, min_round=min_round, timeout=timeout), timeout + 10
+        )
+        return r.round, json.loads(r.payload or "{}")
+
+    def contribute(self, topic: str, round: int, part: int, values: np.ndarray) -> None:
+        self._coord(
+            "Contribute",
+            pb.ContributeRequest(
+                topic=topic,
+                round=round,
+                part=part,
+                values=to_array(np.ascontiguousarray(values, dtype=np.float64).reshape(-1)),
+            ),
+        )
+
+    def collect(self, topic: str, round: int, num_parts: int, timeout: float = 600.0) -> np.ndarray:
+        """Sum (in part order) of the contributions of `num_parts` parts to `round`."""
+        r = self._coord(
+            "Collect",
+            pb.CollectRequest(topic=topic, round=round, num_parts=num_parts, timeout=timeout),
+            timeout + 10,
+        )
+        return from_array(r.sum, "Collect")
+
+    def shutdown(self) -> None:
+        self._coord("Shutdown", pb.Empty())
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+
+_CLIENTS: dict[tuple[str, str, int], PSClient] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def get_client(address: str, token: str = "") -> PSClient:
+    """The cached client of this process for (address, token): one channel set per worker."""
+    key = (address, token, os.getpid())
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = PSClient(address, token)
+        return client

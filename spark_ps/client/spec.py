@@ -1,0 +1,91 @@
+"""What a tensor is, client-side: a small picklable description plus its routing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ps_server.keys import group_by, hash_shard, range_bounds, range_shard
+from ps_server.proto import ps_pb2 as pb
+
+__all__ = ["TensorSpec"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named, sharded tensor. Dense: range-partitioned; sparse: int64 keys, hash-partitioned.
+
+    Dense tensors of the same `dim` share their range bounds, so index *i* of every
+    one of them lives on the same shard (co-location for server-side vector ops).
+    """
+
+    name: str
+    kind: str  # "dense" | "sparse"
+    dim: int
+    cols: int
+    num_shards: int
+    dtype: str = "float64"
+    init: str = "zeros"
+    init_scale: float = 0.0
+    seed: int = 0
+    optimizer: str = ""
+    opt_params: tuple[tuple[str, float], ...] = field(default=())
+    create_on_pull: bool = False
+
+    def bounds(self) -> np.ndarray:
+        return range_bounds(self.dim, self.num_shards)
+
+    def shard_of(self, keys: np.ndarray) -> np.ndarray:
+        if self.kind == "dense":
+            return range_shard(keys, self.bounds())
+        return hash_shard(keys, self.num_shards)
+
+    def route(self, keys: np.ndarray) -> list[np.ndarray]:
+        """Positions of `keys` owned by each shard (stable order within a shard)."""
+        order, offsets = group_by(self.shard_of(keys), self.num_shards)
+        return [order[offsets[s] : offsets[s + 1]] for s in range(self.num_shards)]
+
+    def shard_spec(self, shard: int) -> pb.ModelSpec:
+        offset = length = 0
+        if self.kind == "dense":
+            b = self.bounds()
+            offset, length = int(b[shard]), int(b[shard + 1] - b[shard])
+        return pb.ModelSpec(
+            name=self.name,
+            kind=self.kind,
+            dim=self.dim,
+            cols=self.cols,
+            dtype=self.dtype,
+            offset=offset,
+            length=length,
+            init=self.init,
+            init_scale=self.init_scale,
+            seed=self.seed,
+            optimizer=self.optimizer,
+            opt_params=dict(self.opt_params),
+            create_on_pull=self.create_on_pull,
+            num_shards=self.num_shards,
+        )
+
+    def global_spec(self) -> pb.ModelSpec:
+        spec = self.shard_spec(0)
+        spec.offset = spec.length = 0
+        return spec
+
+    @classmethod
+    def from_global(cls, spec: pb.ModelSpec) -> TensorSpec:
+        return cls(
+            name=spec.name,
+            kind=spec.kind,
+            dim=spec.dim,
+            cols=spec.cols,
+            num_shards=spec.num_shards,
+            dtype=spec.dtype,
+            init=spec.init,
+            init_scale=spec.init_scale,
+            seed=spec.seed,
+            optimizer=spec.optimizer,
+            opt_params=tuple(sorted(spec.opt_params.items())),
+            create_on_pull=spec.create_on_pull,
+        )

@@ -1,0 +1,285 @@
+"""PSContext: find or start the PS, and own its lifecycle.
+
+With no configuration, `PSContext.getOrCreate(spark)` starts an embedded PS on
+loopback (a coordinator plus one shard process per core, a random token) that
+stops with `ps.stop()`, with `SparkContext.stop()`, or when this process exits.
+With `spark.ps.address` set it connects to a running `spark-ps-server` instead.
+
+Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
+
+=========================  ==========================================================
+``spark.ps.address``       ``host:port`` of a running service (default: embedded PS)
+``spark.ps.token``         auth token of that service (env ``SPARK_PS_TOKEN`` too)
+``spark.ps.numShards``     embedded shards (default: one per core)
+``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
+``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from
+``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
+``spark.ps.rpcTimeout``    seconds per PS call (default 120)
+``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
+=========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+from ps_server.auth import new_token
+from ps_server.service import READY_PREFIX
+from spark_ps.client import PSClient
+
+__all__ = ["PSContext"]
+
+log = logging.getLogger("spark_ps.context")
+
+_DEFAULTS = {
+    "numShards": str(os.cpu_count() or 1),
+    "host": "127.0.0.1",
+    "checkpointDir": "",
+    "startTimeout": "60",
+    "rpcTimeout": "120",
+    "maxMessageMB": "4",
+}
+
+
+def _conf(spark, key: str, overrides: dict) -> str:
+    if key in overrides and overrides[key] is not None:
+        return str(overrides[key])
+    if spark is not None:
+        value = spark.sparkContext.getConf().get(f"spark.ps.{key}", None)
+        if value is not None:
+            return value
+    env = {"address": "SPARK_PS_ADDRESS", "token": "SPARK_PS_TOKEN"}.get(key)
+    if env and os.environ.get(env):
+        return os.environ[env]
+    return _DEFAULTS.get(key, "")
+
+
+def _launch(cmd: list[str], env: dict) -> subprocess.Popen:
+    """Start the service from a thread that lives as long as this process.
+
+    The service asks Linux to kill it when its parent *thread* exits
+    (PR_SET_PDEATHSIG), so it must not be started from a short-lived thread.
+    """
+    global _KEEPER
+    if _KEEPER is None:
+        _KEEPER = _Keeper()
+    return _KEEPER.run(lambda: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+
+
+class _Keeper:
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="spark-ps-keeper", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            fn, box, done = self.jobs.get()
+            try:
+                box.append(fn())
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller
+                box.append(e)
+            done.set()
+
+    def run(self, fn):
+        box, done = [], threading.Event()
+        self.jobs.put((fn, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+
+_KEEPER: _Keeper | None = None
+
+
+class PSContext:
+    """The PS this application trains on. Use `getOrCreate`, not the constructor."""
+
+    _active: PSContext | None = None
+    _lock = threading.Lock()
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        *,
+        process: subprocess.Popen | None = None,
+        checkpoint_dir: str = "",
+        rpc_timeout: float = 120.0,
+        max_message_mb: float = 4.0,
+    ):
+        self.address, self.token, self.process = address, token, process
+        self.checkpoint_dir = checkpoint_dir
+        self.client = PSClient(
+            address, token, timeout=rpc_timeout, max_message_bytes=int(max_message_mb * (1 << 20))
+        )
+        self.num_shards = self.client.num_shards
+        self._version = 0
+        self._stopped = False
+
+    @property
+    def embedded(self) -> bool:
+        return self.process is not None
+
+    @classmethod
+    def getOrCreate(cls, spark=None, **conf) -> PSContext:
+        """The active context, or a new one from `conf` / the Spark conf (see module doc)."""
+        with cls._lock:
+            if cls._active is not None and not cls._active._stopped:
+                if spark is not None:
+                    cls._active._stop_with(spark.sparkContext)
+                return cls._active
+            address = _conf(spark, "address", conf)
+            token = _conf(spark, "token", conf)
+            kw = dict(
+                checkpoint_dir=_conf(spark, "checkpointDir", conf),
+                rpc_timeout=float(_conf(spark, "rpcTimeout", conf)),
+                max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
+            )
+            if address:
+                ctx = cls(address, token, **kw)
+            else:
+                ctx = cls._start_embedded(spark, conf, token or new_token(), kw)
+            cls._active = ctx
+            if spark is not None:
+                ctx._stop_with(spark.sparkContext)
+            return ctx
+
+    @classmethod
+    def start(cls, spark=None, **conf) -> PSContext:
+        """A new embedded PS that is not the active one (several PSs in one process).
+
+        Its handles are made with ``context=``; `getOrCreate` is what most code wants.
+        """
+        kw = dict(
+            checkpoint_dir=_conf(spark, "checkpointDir", conf),
+            rpc_timeout=float(_conf(spark, "rpcTimeout", conf)),
+            max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
+        )
+        return cls._start_embedded(spark, conf, _conf(spark, "token", conf) or new_token(), kw)
+
+    @classmethod
+    def active(cls) -> PSContext:
+        """The current context; raises if none was created in this process."""
+        if cls._active is None or cls._active._stopped:
+            raise RuntimeError("no active PSContext: call PSContext.getOrCreate(spark) first")
+        return cls._active
+
+    @classmethod
+    def _start_embedded(cls, spark, conf: dict, token: str, kw: dict) -> PSContext:
+        shards = int(_conf(spark, "numShards", conf))
+        host = _conf(spark, "host", conf)
+        cmd = [
+            sys.executable,
+            "-m",
+            "ps_server",
+            "--host",
+            host,
+            "--port",
+            "0",
+            "--shards",
+            str(shards),
+            "--log-level",
+            "WARNING",
+        ]
+        if kw["checkpoint_dir"]:
+            cmd += ["--checkpoint-dir", kw["checkpoint_dir"]]
+        env = dict(os.environ, SPARK_PS_TOKEN=token)
+        proc = _launch(cmd, env)
+        address = _read_ready(proc, float(_conf(spark, "startTimeout", conf)))
+        ctx = cls(address, token, process=proc, **kw)
+        atexit.register(ctx.stop)
+        log.info("embedded PS with %d shards at %s (pid %d)", shards, address, proc.pid)
+        return ctx
+
+    def _stop_with(self, sc) -> None:
+        """Stop this PS when the SparkContext stops (wraps that instance's stop)."""
+        original = sc.stop
+        if getattr(original, "_spark_ps", False):
+            return
+
+        def stop(*args, **kwargs):
+            try:
+                self.stop()
+            finally:
+                original(*args, **kwargs)
+
+        stop._spark_ps = True
+        sc.stop = stop
+
+    def stop(self) -> None:
+        """Stop an embedded PS and its shards (a no-op for an external service)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.client.shutdown()
+                self.process.wait(timeout=15)
+            except Exception:  # noqa: BLE001 - fall back to signals
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+        self.client.close()
+        with PSContext._lock:
+            if PSContext._active is self:
+                PSContext._active = None
+
+    def checkpoint(self, uri: str | None = None) -> int:
+        """Snapshot every model (weights and optimizer state); returns the version written."""
+        uri = uri or self.checkpoint_dir
+        if not uri:
+            raise ValueError("no checkpoint directory: pass uri or set spark.ps.checkpointDir")
+        from ps_server.checkpoint import latest_version
+
+        self._version = max(self._version, (latest_version(uri) or 0)) + 1
+        self.client.checkpoint(uri, self._version)
+        return self._version
+
+    def recover(self, uri: str | None = None, version: int | None = None) -> int:
+        """Restore every shard from the newest sealed checkpoint (or `version`)."""
+        uri = uri or self.checkpoint_dir
+        from ps_server.checkpoint import latest_version
+
+        version = version if version is not None else latest_version(uri or "")
+        if version is None:
+            raise FileNotFoundError(f"no complete checkpoint under {uri!r}")
+        self.client.restore(uri, version)
+        return version
+
+    def __repr__(self) -> str:
+        kind = "embedded" if self.embedded else "external"
+        return f"PSContext({kind}, address={self.address!r}, shards={self.num_shards})"
+
+
+def _read_ready(proc: subprocess.Popen, timeout: float) -> str:
+    box: list[str] = []
+
+    def reader():
+        for line in proc.stdout:
+            if line.startswith(READY_PREFIX):
+                box.append(line[len(READY_PREFIX) :].strip())
+                return
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    t.join(timeout)
+    if not box:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(
+            f"embedded PS did not start within {timeout}s "
+            f"(exit code {proc.returncode}); see its stderr above"
+        )
+    return box[0]

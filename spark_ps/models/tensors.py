@@ -1,0 +1,317 @@
+"""PSVector, PSMatrix, PSEmbedding: handles that travel into executor closures.
+
+A handle holds only the tensor's spec and the PS address/token; the connection
+is the per-process cached client, so pickling a handle into a Spark closure costs
+a few hundred bytes and every Python worker reuses one channel set. Arrays follow
+the contract written once in `spark_ps.client.client`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from spark_ps.client import PSClient, TensorSpec, get_client
+
+__all__ = ["PSTensor", "PSVector", "PSMatrix", "PSEmbedding"]
+
+MAX_KEY = 2**63 - 1
+
+
+def _context(context):
+    from spark_ps.context import PSContext
+
+    return context if context is not None else PSContext.active()
+
+
+class PSTensor:
+    """A named sharded tensor on the PS (base of the handle types)."""
+
+    def __init__(self, spec: TensorSpec, address: str, token: str):
+        self.spec, self.address, self.token = spec, address, token
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return f"{type(self).__name__}({s.name!r}, {s.kind}, dim={s.dim}, cols={s.cols})"
+
+    def __getstate__(self):
+        return {"spec": self.spec, "address": self.address, "token": self.token}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    @classmethod
+    def _create(
+        cls,
+        kind: str,
+        dim: int,
+        cols: int,
+        *,
+        name: str | None,
+        dtype: str,
+        optimizer: str | None,
+        init: str,
+        init_scale: float,
+        seed: int,
+        create_on_pull: bool,
+        context,
+        opt_params: dict,
+    ) -> PSTensor:
+        ctx = _context(context)
+        spec = TensorSpec(
+            name=name or f"{cls.__name__.lower()}-{uuid.uuid4().hex[:12]}",
+            kind=kind,
+            dim=int(dim),
+            cols=int(cols),
+            num_shards=ctx.num_shards,
+            dtype=dtype,
+            init=init,
+            init_scale=float(init_scale),
+            seed=int(seed),
+            optimizer=optimizer or "",
+            opt_params=tuple(sorted((k, float(v)) for k, v in opt_params.items())),
+            create_on_pull=create_on_pull,
+        )
+        ctx.client.create(spec)
+        return cls(spec, ctx.address, ctx.token)
+
+    @property
+    def client(self) -> PSClient:
+        return get_client(self.address, self.token)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # --- data plane (arrays: see spark_ps.client.client) ---
+    def pull(self, keys: np.ndarray | None = None, slot: str = ""):
+        """Values at `keys`; with no keys, everything (dense: the full array; sparse:
+        a (keys, values) pair of the touched rows)."""
+        if keys is None:
+            k, v = self.client.pull_all(self.spec, slot)
+            return v if self.spec.kind == "dense" else (k, v)
+        return self.client.pull(self.spec, keys, slot)
+
+    def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        """A gradient: the tensor's server-side optimizer steps (plain add without one)."""
+        self.client.push(self.spec, keys, grads, "step" if self.spec.optimizer else "add")
+
+    def increment(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """w[keys] += deltas (equal keys summed)."""
+        self.client.push(self.spec, keys, deltas, "add")
+
+    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """w[keys] = values (keys must be unique)."""
+        self.client.push(self.spec, keys, values, "set")
+
+    def aggregate(self, keys: np.ndarray, values: np.ndarray, *, round: int, part: int) -> None:
+        """This part's exactly-once contribution to `round` (a retry replaces it)."""
+        self.client.push(self.spec, keys, values, "add", round=round, part=part)
+
+    def reduce(self, round: int, op: str = "set") -> None:
+        """Apply the summed contributions of `round` (set: the tensor becomes the sum)."""
+        self.client.reduce(self.spec, round, op)
+
+    def fill(self, value: float) -> None:
+        self._vop("fill", value)
+
+    def reset(self) -> None:
+        self.fill(0.0)
+
+    def drop(self) -> None:
+        self.client.drop(self.spec)
+
+    def _vop(self, op: str, alpha: float = 0.0, *others: PSTensor, **kw) -> float:
+        return self.client.vector_op(op, [self.spec, *[o.spec for o in others]], alpha, **kw)
+
+
+class PSVector(PSTensor):
+    """A vector: dense (range-partitioned, co-located by dim) or sparse (int64 keys)."""
+
+    @classmethod
+    def dense(
+        cls,
+        dim: int,
+        *,
+        name: str | None = None,
+        dtype: str = "float64",
+        optimizer: str | None = None,
+        context=None,
+        **opt_params: float,
+    ) -> PSVector:
+        return cls._create(
+            "dense",
+            dim,
+            1,
+            name=name,
+            dtype=dtype,
+            optimizer=optimizer,
+            init="zeros",
+            init_scale=0.0,
+            seed=0,
+            create_on_pull=False,
+            context=context,
+            opt_params=opt_params,
+        )
+
+    @classmethod
+    def sparse(
+        cls,
+        dim: int = MAX_KEY,
+        *,
+        name: str | None = None,
+        dtype: str = "float64",
+        optimizer: str | None = None,
+        context=None,
+        **opt_params: float,
+    ) -> PSVector:
+        return cls._create(
+            "sparse",
+            dim,
+            1,
+            name=name,
+            dtype=dtype,
+            optimizer=optimizer,
+            init="zeros",
+            init_scale=0.0,
+            seed=0,
+            create_on_pull=False,
+            context=context,
+            opt_params=opt_params,
+        )
+
+    def like(self, name: str | None = None) -> PSVector:
+        """A new zero vector co-located with this one (same dim, same shards)."""
+        return PSVector.dense(self.spec.dim, name=name, dtype=self.spec.dtype, context=_Ctx(self))
+
+    # --- server-side algebra over co-located dense vectors: only scalars come back ---
+    def axpy(self, alpha: float, x: PSVector) -> None:
+        """self += alpha * x."""
+        self.client.vector_op("axpy", [x.spec, self.spec], alpha)
+
+    def scale(self, alpha: float) -> None:
+        self._vop("scale", alpha)
+
+    def copy_from(self, x: PSVector) -> None:
+        self._vop("copy", 0.0, x)
+
+    def dot(self, x: PSVector) -> float:
+        return self._vop("dot", 0.0, x)
+
+    def nrm2(self) -> float:
+        return self._vop("nrm2")
+
+    def sum(self) -> float:
+        return self._vop("sum")
+
+    def apply(self, kernel: str, *inputs: PSVector, **scalars: float) -> float:
+        """Run element-wise kernel `kernel` (ps_server.functions.vector) with self as output."""
+        return self.client.vector_op(
+            "kernel", [self.spec, *[i.spec for i in inputs]], kernel=kernel, **scalars
+        )
+
+
+class PSMatrix(PSTensor):
+    """Rows of width `cols`: dense (rows range-partitioned) or sparse (lazy int64 rows)."""
+
+    @classmethod
+    def dense(
+        cls,
+        rows: int,
+        cols: int,
+        *,
+        name: str | None = None,
+        dtype: str = "float64",
+        optimizer: str | None = None,
+        context=None,
+        **opt_params: float,
+    ) -> PSMatrix:
+        return cls._create(
+            "dense",
+            rows,
+            cols,
+            name=name,
+            dtype=dtype,
+            optimizer=optimizer,
+            init="zeros",
+            init_scale=0.0,
+            seed=0,
+            create_on_pull=False,
+            context=context,
+            opt_params=opt_params,
+        )
+
+    @classmethod
+    def sparse(
+        cls,
+        cols: int,
+        rows: int = MAX_KEY,
+        *,
+        name: str | None = None,
+        dtype: str = "float64",
+        optimizer: str | None = None,
+        context=None,
+        **opt_params: float,
+    ) -> PSMatrix:
+        return cls._create(
+            "sparse",
+            rows,
+            cols,
+            name=name,
+            dtype=dtype,
+            optimizer=optimizer,
+            init="zeros",
+            init_scale=0.0,
+            seed=0,
+            create_on_pull=False,
+            context=context,
+            opt_params=opt_params,
+        )
+
+
+class PSEmbedding(PSMatrix):
+    """An embedding table: int64 ids -> rows of width `dim`, created (initialised) on first pull.
+
+    Initial values depend only on (seed, id), so every shard, replica and restart agrees.
+    """
+
+    @classmethod
+    def create(
+        cls,
+        dim: int,
+        *,
+        init: str = "normal",
+        scale: float = 0.01,
+        seed: int = 0,
+        num_ids: int = MAX_KEY,
+        name: str | None = None,
+        dtype: str = "float32",
+        optimizer: str | None = "adagrad",
+        context=None,
+        **opt_params: float,
+    ) -> PSEmbedding:
+        if optimizer and "lr" not in opt_params:
+            opt_params["lr"] = 0.05
+        return cls._create(
+            "sparse",
+            num_ids,
+            dim,
+            name=name,
+            dtype=dtype,
+            optimizer=optimizer,
+            init=init,
+            init_scale=scale,
+            seed=seed,
+            create_on_pull=True,
+            context=context,
+            opt_params=opt_params,
+        )
+
+
+class _Ctx:
+    """The connection facts of an existing handle, usable where a PSContext is expected."""
+
+    def __init__(self, t: PSTensor):
+        self.address, self.token, self.num_shards = t.address, t.token, t.spec.num_shards
+        self.client = t.client

@@ -1,0 +1,154 @@
+"""Real shard processes over loopback gRPC: round trips, algebra, exactly-once, control plane."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from spark_ps import PSMatrix, PSVector
+from spark_ps.client import PSClient, get_client
+
+
+def test_sparse_vector_round_trip_with_duplicate_keys(ps):
+    w = PSVector.sparse(dim=2**62)
+    keys = np.array([3, 2**61 + 5, 3, 17, 2**61 + 5], dtype=np.int64)
+    w.increment(keys, np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    got = w.pull(np.array([17, 3, 2**61 + 5, 999, 3]))
+    np.testing.assert_array_equal(got, [4.0, 4.0, 7.0, 0.0, 4.0])
+    k, v = w.pull()
+    np.testing.assert_array_equal(k, [3, 17, 2**61 + 5])
+    np.testing.assert_array_equal(v, [4.0, 4.0, 7.0])
+    # an untouched key pulled does not create a row
+    assert sum(h.nbytes for h in ps.client.health()) > 0
+    assert w.pull()[0].size == 3
+
+
+def test_dense_vector_ops_run_on_servers_and_match_numpy(ps):
+    rng = np.random.default_rng(0)
+    dim = 1001
+    a, b = rng.normal(size=dim), rng.normal(size=dim)
+    x = PSVector.dense(dim)
+    y = x.like()
+    x.update(np.arange(dim), a)
+    y.update(np.arange(dim), b)
+    assert x.dot(y) == pytest.approx(a @ b, rel=1e-12)
+    assert x.nrm2() == pytest.approx(np.linalg.norm(a), rel=1e-12)
+    y.axpy(-0.5, x)
+    y.scale(3.0)
+    np.testing.assert_allclose(y.pull(), 3.0 * (b - 0.5 * a), rtol=1e-13)
+    z = x.like()
+    z.copy_from(y)
+    assert z.sum() == pytest.approx(np.sum(3.0 * (b - 0.5 * a)), rel=1e-10)
+    z.fill(2.0)
+    np.testing.assert_array_equal(z.pull(), np.full(dim, 2.0))
+
+
+def test_matrix_rows_and_server_side_optimizer(ps):
+    m = PSMatrix.dense(6, 3, optimizer="sgd", lr=0.5)
+    m.push(np.array([1, 4, 1]), np.ones((3, 3)))
+    got = m.pull(np.array([0, 1, 4]))
+    np.testing.assert_array_equal(got, [[0, 0, 0], [-1, -1, -1], [-0.5, -0.5, -0.5]])
+
+
+def test_large_payloads_are_chunked(ps):
+    client = PSClient(ps.address, ps.token, max_message_bytes=64 << 10)  # force many chunks
+    w = PSVector.dense(300_000)
+    keys = np.arange(300_000, dtype=np.int64)[::-1].copy()
+    client.push(w.spec, keys, keys.astype(np.float64), "add")
+    np.testing.assert_array_equal(client.pull(w.spec, np.arange(300_000)), np.arange(300_000.0))
+    np.testing.assert_array_equal(w.pull(), np.arange(300_000.0))
+    client.close()
+
+
+def test_concurrent_clients_sum_exactly(ps):
+    w = PSVector.sparse(dim=2**40)
+    keys = np.random.default_rng(1).integers(0, 2**40, size=2000)
+
+    def worker(seed):
+        c = PSClient(ps.address, ps.token)
+        for _ in range(10):
+            c.push(w.spec, keys, np.ones(keys.size), "add")
+        c.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    uniq, counts = np.unique(keys, return_counts=True)
+    np.testing.assert_array_equal(w.pull(uniq), 40.0 * counts)
+
+
+def test_exactly_once_contribution_replaces_a_retry(ps):
+    g = PSVector.dense(50)
+    k = np.arange(50)
+    g.aggregate(k, np.ones(50), round=1, part=0)
+    g.aggregate(k, np.full(50, 100.0), round=1, part=1)  # first attempt of part 1 ...
+    g.aggregate(k, np.full(50, 2.0), round=1, part=1)  # ... replaced by its retry
+    g.reduce(1)
+    np.testing.assert_array_equal(g.pull(), np.full(50, 3.0))
+    g.aggregate(k[:10], np.ones(10), round=2, part=0)
+    g.reduce(2, op="add")
+    np.testing.assert_array_equal(g.pull(), np.r_[np.full(10, 4.0), np.full(40, 3.0)])
+
+
+def test_round_board_and_collect(ps):
+    c = ps.client
+    c.post("fit-x/cmd", 3, {"op": "grad"})
+    assert c.wait("fit-x/cmd", 3, timeout=5) == (3, {"op": "grad"})
+    c.contribute("fit-x/loss", 3, 1, np.array([1.0, 2.0]))
+    c.contribute("fit-x/loss", 3, 0, np.array([10.0, 20.0]))
+    c.contribute("fit-x/loss", 3, 1, np.array([5.0, 6.0]))  # retry replaces
+    np.testing.assert_array_equal(c.collect("fit-x/loss", 3, 2, timeout=5), [15.0, 26.0])
+
+
+def test_barrier_and_removed_worker_releases_it(ps):
+    c = ps.client
+    done = []
+
+    def arrive(w):
+        get_client(ps.address, ps.token).barrier("b1", w, 3, timeout=20)
+        done.append(w)
+
+    ts = [threading.Thread(target=arrive, args=(f"w{i}",)) for i in range(2)]
+    for t in ts:
+        t.start()
+    c.remove_worker("b1", "w2")  # the third worker died: the other two go on
+    for t in ts:
+        t.join(25)
+    assert sorted(done) == ["w0", "w1"]
+
+
+def test_ssp_clock_blocks_fast_worker_until_slow_catches_up(ps):
+    order = []
+
+    def report(worker, clock):
+        PSClient(ps.address, ps.token).clock(
+            "g", worker, clock, staleness=1, num_workers=2, timeout=20
+        )
+        order.append(f"{worker}-{clock}")
+
+    slow = threading.Thread(target=report, args=("slow", 1))
+    fast = threading.Thread(target=report, args=("fast", 3))
+    slow.start()
+    fast.start()
+    slow.join(10)
+    fast.join(1.0)
+    assert order == ["slow-1"] and fast.is_alive()  # fast is 2 ahead of slow: it must wait
+    report("slow", 2)
+    fast.join(10)
+    assert order == ["slow-1", "slow-2", "fast-3"]
+
+
+def test_checkpoint_and_restore(ps, tmp_path):
+    w = PSVector.sparse(dim=2**40, optimizer="adagrad", lr=0.1)
+    keys = np.array([1, 2**35, 77])
+    w.push(keys, np.array([1.0, -2.0, 3.0]))
+    before = w.pull(keys)
+    version = ps.checkpoint(str(tmp_path))
+    w.push(keys, np.array([5.0, 5.0, 5.0]))
+    assert not np.array_equal(w.pull(keys), before)
+    assert ps.recover(str(tmp_path)) == version
+    np.testing.assert_array_equal(w.pull(keys), before)
