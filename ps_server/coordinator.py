@@ -164,10 +164,26 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_guard
     def RemoveWorker(self, request, context):
+        """Drop a worker from a group; group "*" with worker "executor:<id>" drops every
+        worker of that executor (ids "executor:<id>/...") from every group."""
         with self.cond:
-            self.removed[request.group].add(request.worker)
+            if request.group != "*":
+                self.removed[request.group].add(request.worker)
+                self.cond.notify_all()
+                return pb.Ack(value=1)
+            prefix = request.worker + "/"
+            n = 0
+            groups = set(self.clocks) | {g for g, _ in self.heartbeats}
+            for group in groups:
+                known = set(self.clocks.get(group, {})) | {
+                    w for g, w in self.heartbeats if g == group
+                }
+                for worker in known:
+                    if worker.startswith(prefix) and worker not in self.removed[group]:
+                        self.removed[group].add(worker)
+                        n += 1
             self.cond.notify_all()
-            return pb.Ack(value=len(self.removed[request.group]))
+            return pb.Ack(value=n)
 
     # ------------------------------------------------------------ the round board
     @_guard

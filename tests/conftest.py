@@ -31,6 +31,10 @@ def _spark_home() -> str:
 
 os.environ.setdefault("SPARK_HOME", _spark_home())
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# executor Python workers unpickle functions defined in test modules by reference
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
@@ -51,8 +55,8 @@ def _builder(master: str, app: str):
 
 @pytest.fixture(scope="session")
 def spark():
-    """A real local[2] SparkSession, shared by the whole run and stopped at its end."""
-    session = _builder("local[2]", "spark-ps-tests").getOrCreate()
+    """A real local[2] SparkSession (tasks may retry), shared by the run, stopped at its end."""
+    session = _builder("local[2, 4]", "spark-ps-tests").getOrCreate()  # 4 attempts per task
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -1,0 +1,178 @@
+"""The worker model: ONE barrier Spark job runs a whole fit, driven through the PS.
+
+The driver starts a barrier `mapInArrow` job in a background thread. Each task
+reads its partition once, keeps it in memory, and then serves commands that the
+driver posts on the coordinator's round board (`post`/`wait`). A worker answers a
+command by pushing its share to the PS as the exactly-once contribution of
+(round, partition) and contributing a few scalars; the driver `collect`s the
+scalars of all partitions and reduces the PS tensors. No Spark job per iteration,
+no gradient through the driver.
+
+If Spark retries the barrier stage (a task failed, an executor died), the new
+attempts re-read their partitions, wait for the latest posted command and answer
+it again; their contributions *replace* the earlier attempt's, so a retry leaves
+the model exactly as a clean run would.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from spark_ps.client import get_client
+
+__all__ = ["PSJob", "WorkerContext", "run_worker_loop"]
+
+log = logging.getLogger("spark_ps.job")
+
+_DONE_SCHEMA = "partition long, rows long"
+_TENSORS: dict = {}
+
+
+class WorkerContext:
+    """What a command handler sees on the executor: the partition, the PS, its ids."""
+
+    def __init__(self, address: str, token: str, topic: str, part: int, attempt: int):
+        self.client = get_client(address, token)
+        self._token = token
+        self.topic, self.part, self.attempt = topic, part, attempt
+        self.state: dict[str, Any] = {}
+
+    def tensor(self, name: str):
+        """The handle of PS tensor `name` (looked up once per worker process)."""
+        from spark_ps.models import PSMatrix, PSVector
+
+        key = ("tensor", name)
+        if key not in _TENSORS:
+            spec = self.client.lookup(name)
+            cls = PSVector if spec.cols == 1 else PSMatrix
+            _TENSORS[key] = cls(spec, self.client.address, self._token)
+        return _TENSORS[key]
+
+    def contribute(self, round_: int, values) -> None:
+        """This partition's scalars for `round_` (a retry replaces them)."""
+        self.client.contribute(f"{self.topic}/out", round_, self.part, np.asarray(values))
+
+
+def run_worker_loop(
+    address: str,
+    token: str,
+    topic: str,
+    setup: Callable[[Iterator[pa.RecordBatch], WorkerContext], None],
+    handlers: dict[str, Callable[[WorkerContext, int, dict], None]],
+):
+    """Build the function a barrier `mapInArrow` runs: read once, then serve commands."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import BarrierTaskContext
+
+        tc = BarrierTaskContext.get()
+        ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber())
+        setup(batches, ctx)
+        last = -1
+        while True:
+            round_, cmd = ctx.client.wait(f"{topic}/cmd", last + 1, timeout=3600)
+            op = cmd.get("op")
+            if op == "stop":
+                break
+            handler = handlers.get(op)
+            if handler is None:
+                raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
+            handler(ctx, round_, cmd)
+            last = round_
+        rows = int(ctx.state.get("rows", 0))
+        yield pa.RecordBatch.from_pydict(
+            {"partition": pa.array([ctx.part], pa.int64()), "rows": pa.array([rows], pa.int64())}
+        )
+
+    return task
+
+
+class PSJob:
+    """Driver side of one fit: launch the barrier job, post commands, collect answers."""
+
+    def __init__(self, ps, df, num_workers: int, setup, handlers, name: str):
+        self.ps, self.num_workers, self.name = ps, num_workers, name
+        self.topic = f"job-{uuid.uuid4().hex[:12]}"
+        self.round = 0
+        self.error: BaseException | None = None
+        self.result: list | None = None
+        fn = run_worker_loop(ps.address, ps.token, self.topic, setup, handlers)
+        # A failed barrier *result* stage aborts the job, but a barrier shuffle-map stage is
+        # re-run as a whole: the shuffle after the loop is what makes retries possible.
+        self._df = df.mapInArrow(fn, _DONE_SCHEMA, barrier=True).repartition(1)
+        self._sc = df.sparkSession.sparkContext
+        self._thread = threading.Thread(target=self._run, name=f"spark-ps {name}", daemon=True)
+
+    def _run(self) -> None:
+        self._sc.setJobDescription(f"spark-ps {self.name}: worker loop")
+        try:
+            self.result = self._df.collect()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            self.error = e
+
+    def __enter__(self) -> PSJob:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(raise_errors=exc is None)
+
+    def command(self, op: str, **payload) -> int:
+        """Post a command for every worker; returns its round."""
+        self.round += 1
+        self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
+        return self.round
+
+    def collect(self, round_: int) -> np.ndarray:
+        """Sum of all partitions' scalars for `round_`; raises if the Spark job died."""
+        while True:
+            self._check()
+            try:
+                return self.ps.client.collect(
+                    f"{self.topic}/out", round_, self.num_workers, timeout=2.0
+                )
+            except Exception as e:  # noqa: BLE001 - a timeout: check the job and wait again
+                if "timed out" not in str(e):
+                    raise
+
+    def call(self, op: str, **payload) -> tuple[int, np.ndarray]:
+        """`command` then `collect`: one synchronous round."""
+        r = self.command(op, **payload)
+        return r, self.collect(r)
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(
+                f"spark-ps {self.name}: the worker job failed: {self.error}"
+            ) from self.error
+        if self.result is not None:
+            raise RuntimeError(f"spark-ps {self.name}: the worker job ended early")
+
+    def stop(self, raise_errors: bool = True) -> None:
+        self.command("stop")
+        self._thread.join(timeout=120)
+        if raise_errors and self.error is not None:
+            raise RuntimeError(
+                f"spark-ps {self.name}: the worker job failed: {self.error}"
+            ) from self.error
+
+
+def partitions_for(df, num_workers: int):
+    """`df` with exactly `num_workers` partitions, warning when slots are fewer."""
+    sc = df.sparkSession.sparkContext
+    slots = sc.defaultParallelism
+    if num_workers > slots:
+        raise ValueError(
+            f"numWorkers={num_workers} exceeds the {slots} task slots of this application: "
+            "a barrier job needs every worker running at once; lower numWorkers"
+        )
+    if df.rdd.getNumPartitions() != num_workers:
+        df = df.repartition(num_workers)
+    return df
