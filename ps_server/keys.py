@@ -18,6 +18,7 @@ __all__ = [
     "combine",
     "dedup",
     "validate_keys",
+    "is_strictly_increasing",
 ]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -143,12 +144,19 @@ def combine(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
         )
     if k.size == 0:
         return k.copy(), v.copy()
+    if is_strictly_increasing(k):  # already unique and sorted (the common gradient push)
+        return k, v
     order = np.argsort(k, kind="stable")
     sk = k[order]
     starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
     if starts.size == k.size:  # no duplicates: a permutation is enough
         return sk, np.take(v, order, axis=0)
     return sk[starts], np.add.reduceat(np.take(v, order, axis=0), starts, axis=0)
+
+
+def is_strictly_increasing(keys: np.ndarray) -> bool:
+    """True when `keys` are sorted and unique: dedup/combine/routing have nothing to do."""
+    return bool(keys.size < 2 or np.all(keys[1:] > keys[:-1]))
 
 
 def dedup(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

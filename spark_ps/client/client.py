@@ -19,7 +19,7 @@ import time
 import grpc
 import numpy as np
 
-from ps_server.keys import combine, dedup, validate_keys
+from ps_server.keys import combine, dedup, is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY, from_array, to_array
@@ -142,9 +142,18 @@ class PSClient:
             pending = retry
         return results
 
-    def _chunks(self, n: int, row_bytes: int) -> list[slice]:
+    def _pieces(self, spec: TensorSpec, keys: np.ndarray, row_bytes: int):
+        """(shard, chunk index, positions) for every non-empty request below the size limit."""
         step = max(1, self.max_message_bytes // max(row_bytes, 1))
-        return [slice(i, min(i + step, n)) for i in range(0, n, step)] or [slice(0, 0)]
+        for s, pos in enumerate(spec.route(keys)):
+            if isinstance(pos, slice):
+                parts = [
+                    slice(i, min(i + step, pos.stop)) for i in range(pos.start, pos.stop, step)
+                ]
+            else:
+                parts = [pos[i : i + step] for i in range(0, pos.size, step)]
+            for chunk, part in enumerate(parts):
+                yield s, chunk, part
 
     # ------------------------------------------------------------ models
     def create(self, spec: TensorSpec, exist_ok: bool = False) -> None:
@@ -171,19 +180,17 @@ class PSClient:
         """Values of `keys` (see the array contract); absent sparse rows read as 0."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         validate_keys(keys, spec.dim, f"pull from {spec.name!r}")
-        uniq, inverse = dedup(keys)
+        unique = is_strictly_increasing(keys)
+        uniq, inverse = (keys, None) if unique else dedup(keys)
         out = np.empty((uniq.size, spec.cols), dtype=spec.dtype)
         reqs, places = [], []
-        for s, pos in enumerate(spec.route(uniq)):
-            for c in self._chunks(pos.size, 8 + 8 * spec.cols):
-                if pos[c].size:
-                    reqs.append(
-                        (s, pb.PullRequest(model=spec.name, keys=to_array(uniq[pos[c]]), slot=slot))
-                    )
-                    places.append(pos[c])
+        for s, _, pos in self._pieces(spec, uniq, 8 + 8 * spec.cols):
+            reqs.append((s, pb.PullRequest(model=spec.name, keys=to_array(uniq[pos]), slot=slot)))
+            places.append(pos)
         for place, resp in zip(places, self._fanout("Pull", reqs), strict=True):
             out[place] = from_array(resp.values, f"Pull {spec.name!r}").reshape(-1, spec.cols)
-        out = out[inverse]
+        if inverse is not None:
+            out = out[inverse]
         return out[:, 0] if spec.cols == 1 else out
 
     def pull_all(self, spec: TensorSpec, slot: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -273,25 +280,23 @@ class PSClient:
         else:
             keys, values = combine(keys, values)
         values = values.astype(spec.dtype, copy=False)
-        reqs = []
-        for s, pos in enumerate(spec.route(keys)):
-            for chunk, c in enumerate(self._chunks(pos.size, 8 + values.itemsize * spec.cols)):
-                if pos[c].size:
-                    reqs.append(
-                        (
-                            s,
-                            pb.PushRequest(
-                                model=spec.name,
-                                keys=to_array(keys[pos[c]]),
-                                values=to_array(values[pos[c]]),
-                                op=_OPS[op],
-                                aggregate=round is not None,
-                                round=round or 0,
-                                part=part,
-                                chunk=chunk,
-                            ),
-                        )
-                    )
+        row_bytes = 8 + values.itemsize * spec.cols
+        reqs = [
+            (
+                s,
+                pb.PushRequest(
+                    model=spec.name,
+                    keys=to_array(keys[pos]),
+                    values=to_array(values[pos]),
+                    op=_OPS[op],
+                    aggregate=round is not None,
+                    round=round or 0,
+                    part=part,
+                    chunk=chunk,
+                ),
+            )
+            for s, chunk, pos in self._pieces(spec, keys, row_bytes)
+        ]
         self._fanout("Push", reqs)
 
     def reduce(self, spec: TensorSpec, round: int, op: str = "set") -> None:

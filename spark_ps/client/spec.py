@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ps_server.keys import group_by, hash_shard, range_bounds, range_shard
+from ps_server.keys import (
+    group_by,
+    hash_shard,
+    is_strictly_increasing,
+    range_bounds,
+    range_shard,
+)
 from ps_server.proto import ps_pb2 as pb
 
 __all__ = ["TensorSpec"]
@@ -41,8 +47,14 @@ class TensorSpec:
             return range_shard(keys, self.bounds())
         return hash_shard(keys, self.num_shards)
 
-    def route(self, keys: np.ndarray) -> list[np.ndarray]:
-        """Positions of `keys` owned by each shard (stable order within a shard)."""
+    def route(self, keys: np.ndarray) -> list[np.ndarray | slice]:
+        """Positions of `keys` owned by each shard (stable order within a shard).
+
+        Sorted keys of a dense tensor split into contiguous slices: no sort, no copy.
+        """
+        if self.kind == "dense" and is_strictly_increasing(keys):
+            cut = np.searchsorted(keys, self.bounds())
+            return [slice(int(cut[s]), int(cut[s + 1])) for s in range(self.num_shards)]
         order, offsets = group_by(self.shard_of(keys), self.num_shards)
         return [order[offsets[s] : offsets[s + 1]] for s in range(self.num_shards)]
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets everything up on a fresh machine: a virtualenv with spark-ps and its test
+# dependencies, a SPARK_HOME of symlinks, and the JVM bridge jar (when Gradle can
+# be installed). Safe to run again: it only does what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test,bench]'
+# local-cluster executors write work dirs under SPARK_HOME: give Spark a home of its own
+PYSPARK_DIR=$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')
+mkdir -p .spark_home
+for d in bin jars sbin python; do
+  [ -e ".spark_home/$d" ] || ln -s "$PYSPARK_DIR/$d" ".spark_home/$d"
+done
+if [ -f scripts/build_jar.sh ]; then
+  bash scripts/build_jar.sh || echo "setup: warning: the JVM bridge jar was not built" >&2
+fi
+echo "setup: ready (.venv, .spark_home)"
