@@ -66,45 +66,79 @@ def loopback_seconds(payload: bytes, repeat: int) -> float:
     return secs
 
 
+def _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat) -> list[list]:
+    from spark_ps import PSVector
+
+    keys_n = values.size
+    dense = PSVector.dense(keys_n, context=ps)
+    sparse = PSVector.sparse(2**40, context=ps)
+    dkeys = rng.permutation(keys_n).astype(np.int64)
+    sorted_keys = np.arange(keys_n, dtype=np.int64)
+    skeys = rng.choice(2**40, size=keys_n, replace=False).astype(np.int64)
+    sparse.increment(skeys, values)  # create rows once: steady-state numbers below
+    cases = [
+        ("dense push (sorted keys)", lambda: dense.increment(sorted_keys, values)),
+        ("dense pull (sorted keys)", lambda: dense.pull(sorted_keys)),
+        ("dense push", lambda: dense.increment(dkeys, values)),
+        ("dense pull", lambda: dense.pull(dkeys)),
+        ("dense pull all", lambda: dense.pull()),
+        ("sparse push", lambda: sparse.increment(skeys, values)),
+        ("sparse pull", lambda: sparse.pull(skeys)),
+    ]
+    rows = []
+    for name, fn in cases:
+        secs = _best(fn, repeat)
+        rows.append(
+            [
+                name,
+                n,
+                f"{keys_n / secs / 1e6:.1f}",
+                f"{mb / secs:.0f}",
+                f"{t_sock / secs:.2f}",
+                f"{t_copy / secs:.3f}",
+            ]
+        )
+    return rows
+
+
 def run(keys_n: int, shards: list[int], repeat: int) -> list[list]:
-    from spark_ps import PSContext, PSVector
+    from spark_ps import PSContext
 
     rows = []
     rng = np.random.default_rng(0)
     values = rng.normal(size=keys_n)
-    payload = np.concatenate([np.arange(keys_n, dtype=np.int64).view(np.uint8),
-                              values.view(np.uint8)]).tobytes()
+    payload = np.concatenate(
+        [np.arange(keys_n, dtype=np.int64).view(np.uint8), values.view(np.uint8)]
+    ).tobytes()
     mb = len(payload) / 1e6
     t_sock = loopback_seconds(payload, repeat)
     t_copy = _best(lambda: np.copy(values), repeat)
     for n in shards:
         ps = PSContext.start(numShards=n)
         try:
-            dense = PSVector.dense(keys_n, context=ps)
-            sparse = PSVector.sparse(2**40, context=ps)
-            dkeys = rng.permutation(keys_n).astype(np.int64)
-            sorted_keys = np.arange(keys_n, dtype=np.int64)
-            skeys = rng.choice(2**40, size=keys_n, replace=False).astype(np.int64)
-            sparse.increment(skeys, values)  # create rows once: steady-state numbers below
-            cases = [
-                ("dense push (sorted keys)", lambda: dense.increment(sorted_keys, values)),
-                ("dense pull (sorted keys)", lambda: dense.pull(sorted_keys)),
-                ("dense push", lambda: dense.increment(dkeys, values)),
-                ("dense pull", lambda: dense.pull(dkeys)),
-                ("dense pull all", lambda: dense.pull()),
-                ("sparse push", lambda: sparse.increment(skeys, values)),
-                ("sparse pull", lambda: sparse.pull(skeys)),
-            ]
-            for name, fn in cases:
-                secs = _best(fn, repeat)
-                rows.append([name, n, f"{keys_n / secs / 1e6:.1f}", f"{mb / secs:.0f}",
-                             f"{t_sock / secs:.2f}", f"{t_copy / secs:.3f}"])
+            rows += _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat)
         finally:
             ps.stop()
-    rows.append(["limit: loopback socket", "-", f"{keys_n / t_sock / 1e6:.1f}",
-                 f"{mb / t_sock:.0f}", "1.00", "-"])
-    rows.append(["limit: numpy copy", "-", f"{keys_n / t_copy / 1e6:.1f}",
-                 f"{values.nbytes / 1e6 / t_copy:.0f}", "-", "1.000"])
+    rows.append(
+        [
+            "limit: loopback socket",
+            "-",
+            f"{keys_n / t_sock / 1e6:.1f}",
+            f"{mb / t_sock:.0f}",
+            "1.00",
+            "-",
+        ]
+    )
+    rows.append(
+        [
+            "limit: numpy copy",
+            "-",
+            f"{keys_n / t_copy / 1e6:.1f}",
+            f"{values.nbytes / 1e6 / t_copy:.0f}",
+            "-",
+            "1.000",
+        ]
+    )
     return rows
 
 
@@ -115,8 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args(argv)
     rows = run(args.keys, [int(s) for s in args.shards.split(",")], args.repeat)
-    print(f"PS throughput, {args.keys:,} keys x float64 per call (keys int64 + values = "
-          f"{args.keys * 16 / 1e6:.0f} MB), best of {args.repeat}")
+    print(
+        f"PS throughput, {args.keys:,} keys x float64 per call (keys int64 + values = "
+        f"{args.keys * 16 / 1e6:.0f} MB), best of {args.repeat}"
+    )
     cols = ["op", "shards", "Mkeys/s", "MB/s", "vs loopback socket", "vs numpy copy"]
     print(markdown_table([dict(zip(cols, r, strict=True)) for r in rows], cols))
 
