@@ -121,7 +121,7 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     def Reduce(self, request, context):
         t = self.tensor(request.model)
-        return pb.Ack(value=t.reduce(request.round, request.op, request.zero_first))
+        return pb.Ack(value=t.reduce(request.round, request.op, request.zero_first, request.how))
 
     @_guard
     def VectorOp(self, request, context):

@@ -609,6 +609,11 @@ class Contributions:
         values = np.concatenate([v for _, v in items])
         return combine(keys, values)
 
+    def entries(self, round: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The (keys, values) contributions of a round in (part, chunk) order."""
+        entries = self._rounds.get(int(round), {})
+        return [entries[pc] for pc in sorted(entries)]
+
     def drop(self, round: int) -> None:
         """Forget one round (no error if absent)."""
         self._rounds.pop(int(round), None)

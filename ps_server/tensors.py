@@ -178,13 +178,25 @@ class Tensor:
                 raise RequestError("INVALID_ARGUMENT", f"unknown push op {op}")
         return int(keys.size)
 
-    def reduce(self, round_: int, op: int, zero_first: bool) -> int:
-        """Apply the summed contributions of `round_` (in part order) and forget them."""
-        with self.lock:
-            parts = self.contributions.parts(round_)
-            keys, values = self.contributions.reduce(round_)
+    def reduce(self, round_: int, op: int, zero_first: bool, how: str = "sum") -> int:
+        """Apply the combined contributions of `round_` (in part order) and forget them.
+
+        `how` = "sum" adds them up, "max" takes the element-wise maximum. Dense tensors
+        accumulate straight into a buffer the size of their slice (no sort).
+        """
+        if how not in ("", "sum", "max"):
+            raise RequestError("INVALID_ARGUMENT", f"reduce: how={how!r} (sum|max)")
         if op == pb.STEP and self.optimizer is None:
             raise RequestError("FAILED_PRECONDITION", f"{self.where} has no optimizer")
+        with self.lock:
+            parts = self.contributions.parts(round_)
+            entries = self.contributions.entries(round_)
+        if self.spec.kind == "dense":
+            keys, values = self._combine_dense(entries, how)
+        elif how == "max":
+            keys, values = _combine_max(entries, self.spec.cols)
+        else:
+            keys, values = self.contributions.reduce(round_)
         if zero_first:
             with self.lock:
                 self.store.fill(0.0)
@@ -193,6 +205,23 @@ class Tensor:
         with self.lock:
             self.contributions.drop_before(round_ + 1)
         return len(parts)
+
+    def _combine_dense(self, entries, how: str) -> tuple[np.ndarray, np.ndarray]:
+        n, off = self.spec.length, self.spec.offset
+        init = -np.inf if how == "max" else 0.0
+        buf = np.full((n, self.spec.cols), init)
+        touched = np.zeros(n, dtype=bool)
+        for keys, values in entries:
+            rows = keys - off
+            touched[rows] = True
+            if how == "max":
+                np.maximum.at(buf, rows, values)
+            elif rows.size < 2 or np.all(rows[1:] > rows[:-1]):
+                buf[rows] += values
+            else:
+                np.add.at(buf, rows, values)
+        rows = np.flatnonzero(touched)
+        return rows + off, buf[rows]
 
     def dense_values(self) -> np.ndarray:
         """The weights as a flat, writable view (dense tensors only)."""
@@ -204,6 +233,17 @@ class Tensor:
 
     def info(self) -> pb.ModelInfo:
         return pb.ModelInfo(spec=self.spec, num_rows=self.store.num_rows, nbytes=self.store.nbytes)
+
+
+def _combine_max(entries, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    if not entries:
+        return np.zeros(0, np.int64), np.zeros((0, cols))
+    keys = np.concatenate([k for k, _ in entries])
+    values = np.concatenate([v.reshape(-1, cols) for _, v in entries])
+    uniq, inv = np.unique(keys, return_inverse=True)
+    out = np.full((uniq.size, cols), -np.inf)
+    np.maximum.at(out, inv.reshape(-1), values)
+    return uniq, out
 
 
 def _make_optimizer(spec: pb.ModelSpec, store: Store, attach: bool = True) -> Optimizer | None:

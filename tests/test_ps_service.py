@@ -152,3 +152,16 @@ def test_checkpoint_and_restore(ps, tmp_path):
     assert not np.array_equal(w.pull(keys), before)
     assert ps.recover(str(tmp_path)) == version
     np.testing.assert_array_equal(w.pull(keys), before)
+
+
+def test_reduce_max_over_parts_and_dense_sum_in_part_order(ps):
+    v = PSVector.dense(10)
+    v.aggregate(np.array([1, 3]), np.array([5.0, -2.0]), round=1, part=0)
+    v.aggregate(np.array([3, 8]), np.array([-7.0, 4.0]), round=1, part=1)
+    v.reduce(1, how="max")
+    np.testing.assert_array_equal(v.pull(), [0, 5, 0, -2, 0, 0, 0, 0, 4, 0])
+    s = PSVector.sparse(2**50)
+    s.aggregate(np.array([2**45, 7]), np.array([1.0, 9.0]), round=4, part=1)
+    s.aggregate(np.array([2**45]), np.array([3.0]), round=4, part=0)
+    s.reduce(4, how="max")
+    np.testing.assert_array_equal(s.pull(np.array([7, 2**45])), [9.0, 3.0])

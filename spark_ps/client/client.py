@@ -299,19 +299,20 @@ class PSClient:
         ]
         self._fanout("Push", reqs)
 
-    def reduce(self, spec: TensorSpec, round: int, op: str = "set") -> None:
-        """Apply the summed contributions of `round`: set (replace the tensor), add or step."""
+    def reduce(self, spec: TensorSpec, round: int, op: str = "set", how: str = "sum") -> None:
+        """Apply the combined contributions of `round`: set (replace the tensor), add or step.
+
+        `how`: "sum" adds the parts' contributions, "max" takes their element-wise max.
+        """
         zero = op == "set"
+        rop = pb.ADD if zero else _OPS[op]
         self._fanout(
             "Reduce",
             [
                 (
                     s,
                     pb.ReduceRequest(
-                        model=spec.name,
-                        round=round,
-                        op=pb.ADD if zero else _OPS[op],
-                        zero_first=zero,
+                        model=spec.name, round=round, op=rop, zero_first=zero, how=how
                     ),
                 )
                 for s in range(spec.num_shards)

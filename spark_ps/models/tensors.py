@@ -109,9 +109,10 @@ class PSTensor:
         """This part's exactly-once contribution to `round` (a retry replaces it)."""
         self.client.push(self.spec, keys, values, "add", round=round, part=part)
 
-    def reduce(self, round: int, op: str = "set") -> None:
-        """Apply the summed contributions of `round` (set: the tensor becomes the sum)."""
-        self.client.reduce(self.spec, round, op)
+    def reduce(self, round: int, op: str = "set", how: str = "sum") -> None:
+        """Apply the combined contributions of `round` (set: the tensor becomes the sum,
+        or with how="max" the element-wise max, at the keys any part touched)."""
+        self.client.reduce(self.spec, round, op, how)
 
     def fill(self, value: float) -> None:
         self._vop("fill", value)
