@@ -1,0 +1,356 @@
+"""LogisticRegression estimator: Params, data plumbing and an injectable trainer.
+
+``_fit`` validates the Params, prepares the data (needed columns, one partition per
+worker), checks the labels with one Spark aggregation, then hands the data to the trainer
+registered for the ``solver`` Param. Trainers (distributed L-BFGS on the PS, mini-batch
+solvers, or a local one in tests) register themselves with :func:`register_trainer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pyspark import keyword_only
+from pyspark.ml.classification import ProbabilisticClassifier
+from pyspark.ml.linalg import Matrix, Vector
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_ps.ml.base import ArraysReadable, ArraysWritable, PreparedData, prepare_fit_data
+from spark_ps.ml.lr.model import LogisticRegressionModel
+from spark_ps.ml.lr.params import SOLVERS, _LogisticRegressionParams
+
+__all__ = [
+    "LogisticRegression",
+    "TrainResult",
+    "Trainer",
+    "register_trainer",
+    "unregister_trainer",
+    "get_trainer",
+]
+
+
+@dataclass
+class TrainResult:
+    """What a trainer returns.
+
+    Attributes
+    ----------
+    coefficients : float64 [num_features] dense, or the values at ``keys`` when sparse.
+    intercept : the fitted intercept (0.0 when fitIntercept is False).
+    objective_history : objective at each iteration, the initial state first (MLlib's).
+    total_iterations : iterations run.
+    keys : sorted unique int64 feature ids for a sparse model, else None.
+    num_features : dimension / key space; required with ``keys``, else len(coefficients).
+    """
+
+    coefficients: np.ndarray
+    intercept: float
+    objective_history: Sequence[float]
+    total_iterations: int
+    keys: np.ndarray | None = None
+    num_features: int | None = None
+
+
+Trainer = Callable[[PreparedData, dict[str, Any]], TrainResult]
+_TRAINERS: dict[str, Trainer] = {}
+
+
+def register_trainer(solver: str, trainer: Trainer | None) -> Trainer | None:
+    """Make ``trainer(prepared, params) -> TrainResult`` fit ``solver``; returns the previous.
+
+    ``params`` maps every defined Param name to its value. Passing None unregisters.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"solver {solver!r} is not one of {', '.join(SOLVERS)}")
+    previous = _TRAINERS.get(solver)
+    if trainer is None:
+        _TRAINERS.pop(solver, None)
+    else:
+        _TRAINERS[solver] = trainer
+    return previous
+
+
+def unregister_trainer(solver: str) -> Trainer | None:
+    """Remove the trainer of ``solver``; returns it (or None)."""
+    return _TRAINERS.pop(solver, None)
+
+
+def get_trainer(solver: str) -> Trainer:
+    """The trainer registered for ``solver``; NotImplementedError naming what exists."""
+    try:
+        return _TRAINERS[solver]
+    except KeyError:
+        raise NotImplementedError(
+            f"no trainer is registered for solver={solver!r} (registered: "
+            f"{sorted(_TRAINERS) or 'none'}); import the module that registers it"
+        ) from None
+
+
+class LogisticRegression(
+    _LogisticRegressionParams,
+    ProbabilisticClassifier,
+    ArraysWritable,
+    ArraysReadable["LogisticRegression"],
+):
+    """Binomial logistic regression trained on the parameter server; a drop-in for MLlib's.
+
+    Accepts MLlib's Params with MLlib's defaults plus ``solver``, ``batchSize``,
+    ``stepSize``, ``numShards``, ``staleness``, ``numWorkers`` and ``featureValuesCol``.
+
+    Examples
+    --------
+    >>> lr = LogisticRegression(maxIter=10, regParam=0.01)
+    >>> lr.getSolver(), lr.getMaxIter()
+    ('lbfgs', 10)
+    """
+
+    _input_kwargs: dict[str, Any]
+
+    @keyword_only
+    def __init__(
+        self,
+        *,
+        featuresCol: str = "features",
+        labelCol: str = "label",
+        predictionCol: str = "prediction",
+        maxIter: int = 100,
+        regParam: float = 0.0,
+        elasticNetParam: float = 0.0,
+        tol: float = 1e-6,
+        fitIntercept: bool = True,
+        threshold: float = 0.5,
+        thresholds: list[float] | None = None,
+        probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
+        standardization: bool = True,
+        weightCol: str | None = None,
+        aggregationDepth: int = 2,
+        family: str = "auto",
+        lowerBoundsOnCoefficients: Matrix | None = None,
+        upperBoundsOnCoefficients: Matrix | None = None,
+        lowerBoundsOnIntercepts: Vector | None = None,
+        upperBoundsOnIntercepts: Vector | None = None,
+        maxBlockSizeInMB: float = 0.0,
+        solver: str = "lbfgs",
+        batchSize: int = 4096,
+        stepSize: float = 0.1,
+        numShards: int = 0,
+        staleness: int = 0,
+        numWorkers: int = 0,
+        featureValuesCol: str | None = None,
+    ):
+        """If the threshold and thresholds Params are both set, they must be equivalent."""
+        super().__init__()
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(
+        self,
+        *,
+        featuresCol: str = "features",
+        labelCol: str = "label",
+        predictionCol: str = "prediction",
+        maxIter: int = 100,
+        regParam: float = 0.0,
+        elasticNetParam: float = 0.0,
+        tol: float = 1e-6,
+        fitIntercept: bool = True,
+        threshold: float = 0.5,
+        thresholds: list[float] | None = None,
+        probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
+        standardization: bool = True,
+        weightCol: str | None = None,
+        aggregationDepth: int = 2,
+        family: str = "auto",
+        lowerBoundsOnCoefficients: Matrix | None = None,
+        upperBoundsOnCoefficients: Matrix | None = None,
+        lowerBoundsOnIntercepts: Vector | None = None,
+        upperBoundsOnIntercepts: Vector | None = None,
+        maxBlockSizeInMB: float = 0.0,
+        solver: str = "lbfgs",
+        batchSize: int = 4096,
+        stepSize: float = 0.1,
+        numShards: int = 0,
+        staleness: int = 0,
+        numWorkers: int = 0,
+        featureValuesCol: str | None = None,
+    ) -> LogisticRegression:
+        """Sets Params by keyword; threshold and thresholds, if both given, must agree."""
+        self._set(**self._input_kwargs)
+        self._checkThresholdConsistency()
+        return self
+
+    # MLlib's setters ------------------------------------------------------------------
+
+    def setFamily(self, value: str) -> LogisticRegression:
+        """Sets the value of :py:attr:`family`."""
+        return self._set(family=value)
+
+    def setLowerBoundsOnCoefficients(self, value: Matrix) -> LogisticRegression:
+        """Sets the value of :py:attr:`lowerBoundsOnCoefficients` (not supported at fit)."""
+        return self._set(lowerBoundsOnCoefficients=value)
+
+    def setUpperBoundsOnCoefficients(self, value: Matrix) -> LogisticRegression:
+        """Sets the value of :py:attr:`upperBoundsOnCoefficients` (not supported at fit)."""
+        return self._set(upperBoundsOnCoefficients=value)
+
+    def setLowerBoundsOnIntercepts(self, value: Vector) -> LogisticRegression:
+        """Sets the value of :py:attr:`lowerBoundsOnIntercepts` (not supported at fit)."""
+        return self._set(lowerBoundsOnIntercepts=value)
+
+    def setUpperBoundsOnIntercepts(self, value: Vector) -> LogisticRegression:
+        """Sets the value of :py:attr:`upperBoundsOnIntercepts` (not supported at fit)."""
+        return self._set(upperBoundsOnIntercepts=value)
+
+    def setMaxIter(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`maxIter`."""
+        return self._set(maxIter=value)
+
+    def setRegParam(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`regParam`."""
+        return self._set(regParam=value)
+
+    def setTol(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`tol`."""
+        return self._set(tol=value)
+
+    def setElasticNetParam(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`elasticNetParam`."""
+        return self._set(elasticNetParam=value)
+
+    def setFitIntercept(self, value: bool) -> LogisticRegression:
+        """Sets the value of :py:attr:`fitIntercept`."""
+        return self._set(fitIntercept=value)
+
+    def setStandardization(self, value: bool) -> LogisticRegression:
+        """Sets the value of :py:attr:`standardization`."""
+        return self._set(standardization=value)
+
+    def setWeightCol(self, value: str) -> LogisticRegression:
+        """Sets the value of :py:attr:`weightCol`."""
+        return self._set(weightCol=value)
+
+    def setAggregationDepth(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`aggregationDepth` (kept for compatibility)."""
+        return self._set(aggregationDepth=value)
+
+    def setMaxBlockSizeInMB(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`maxBlockSizeInMB`."""
+        return self._set(maxBlockSizeInMB=value)
+
+    # additions ---------------------------------------------------------------------------
+
+    def setSolver(self, value: str) -> LogisticRegression:
+        """Sets the value of :py:attr:`solver`."""
+        return self._set(solver=value)
+
+    def setBatchSize(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`batchSize`."""
+        return self._set(batchSize=value)
+
+    def setStepSize(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`stepSize`."""
+        return self._set(stepSize=value)
+
+    def setNumShards(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`numShards`."""
+        return self._set(numShards=value)
+
+    def setStaleness(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`staleness`."""
+        return self._set(staleness=value)
+
+    def setNumWorkers(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`numWorkers`."""
+        return self._set(numWorkers=value)
+
+    def setFeatureValuesCol(self, value: str) -> LogisticRegression:
+        """Sets the value of :py:attr:`featureValuesCol`."""
+        return self._set(featureValuesCol=value)
+
+    # fit ---------------------------------------------------------------------------------
+
+    def _fit(self, dataset: DataFrame) -> LogisticRegressionModel:
+        self._validate_params()
+        self._check_supported()
+        trainer = get_trainer(self.getSolver())
+        prepared = prepare_fit_data(
+            dataset,
+            features_col=self.getFeaturesCol(),
+            label_col=self.getLabelCol(),
+            weight_col=self._weight_col(),
+            values_col=self._feature_values_col(),
+            num_workers=self.getNumWorkers(),
+        )
+        self._check_labels(dataset)
+        params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
+        result = trainer(prepared, params)
+        model = LogisticRegressionModel()
+        model._set_coefficients(
+            result.coefficients,
+            result.intercept,
+            keys=result.keys,
+            num_features=result.num_features,
+        )
+        model._resetUid(self.uid)
+        self._copyValues(model)
+        model._summary = model._make_summary(
+            dataset, result.objective_history, result.total_iterations
+        )
+        return model
+
+    def _check_labels(self, dataset: DataFrame) -> None:
+        """One aggregation over label (and weight): 0/1 labels, valid weights, not empty.
+
+        Multiclass labels (max label > 1, or nominal label metadata with more than two
+        values) raise NotImplementedError: spark-ps fits binomial models only.
+        """
+        label_name = self.getLabelCol()
+        attr = dataset.schema[label_name].metadata.get("ml_attr", {})
+        n_vals = attr.get("num_vals", len(attr.get("vals", [])))
+        if n_vals > 2:
+            raise _multiclass(self.uid, f"label metadata of {label_name!r} has {n_vals} values")
+        label = F.col(f"`{label_name}`").cast("double")
+        aggs = [
+            F.count(F.lit(1)).alias("n"),
+            F.max(label).alias("max"),
+            F.sum((label.isNull() | F.isnan(label)).cast("long")).alias("nulls"),
+            F.sum(((label < 0) | (label != F.floor(label))).cast("long")).alias("bad"),
+        ]
+        weight_name = self._weight_col()
+        if weight_name:
+            w = F.col(f"`{weight_name}`").cast("double")
+            bad_w = w.isNull() | F.isnan(w) | (w < 0) | (w == float("inf"))
+            aggs.append(F.sum(bad_w.cast("long")).alias("bad_weights"))
+        row = dataset.agg(*aggs).first()
+        if row["n"] == 0:
+            raise ValueError(f"{self.uid}: the training dataset is empty")
+        if row["nulls"]:
+            raise ValueError(
+                f"Labels MUST NOT be Null or NaN: column {label_name!r} (labelCol) has "
+                f"{row['nulls']} such rows"
+            )
+        if row["bad"]:
+            raise ValueError(
+                f"Labels MUST be in {{0, 1}}: column {label_name!r} (labelCol) has "
+                f"{row['bad']} negative or non-integer labels"
+            )
+        if row["max"] > 1:
+            raise _multiclass(self.uid, f"max label {row['max']} in column {label_name!r}")
+        if weight_name and row["bad_weights"]:
+            raise ValueError(
+                f"Weights MUST be non-negative and finite: column {weight_name!r} (weightCol) "
+                f"has {row['bad_weights']} null, NaN, infinite or negative weights"
+            )
+
+
+def _multiclass(uid: str, why: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{uid}: multiclass labels ({why}) are not supported by spark-ps LogisticRegression, "
+        "which fits binomial models only (labels 0.0 and 1.0)."
+    )
