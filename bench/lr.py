@@ -1,0 +1,324 @@
+"""Logistic regression: spark-ps vs MLlib on the same cached DataFrames, printed as ratios.
+
+Run from the repository root, e.g.::
+
+    python -m bench.lr --impl mllib,sparkps --datasets synthetic,flights --log2-dims 20,24
+
+Every implementation gets identical Params; spark-ps is skipped with a note while
+``spark_ps.ml.classification.LogisticRegression`` cannot be imported. Cases whose
+dimension is at least ``--isolate-log2`` run MLlib in a child process, because MLlib's
+expected failure there (driver/executor OutOfMemoryError) can kill the JVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (
+    PeakMemory,
+    Timer,
+    bench_session,
+    fmt_ratio,
+    import_sparkps,
+    markdown_table,
+    model_auc,
+    parse_impls,
+)
+from bench.datagen import MAX_VECTOR_LOG2, dense_features, flights_ctr, synthetic_ctr
+
+__all__ = ["COLUMNS", "Case", "main", "parse_args"]
+
+IMPLS = ("mllib", "sparkps")
+DATASETS = ("synthetic", "flights", "dense")
+COLUMNS = (
+    "dataset", "dim", "train rows", "impl", "iters", "fit s", "s/iter", "final loss",
+    "t to MLlib loss s", "JVM heap MiB", "py RSS MiB", "test AUC",
+    "speedup", "speedup to loss", "heap ratio", "dAUC", "status",
+)  # fmt: skip
+
+
+@dataclass
+class Case:
+    """One training/test pair to benchmark."""
+
+    dataset: str
+    dim: str
+    log2_dim: int | None
+    train: Any
+    test: Any
+    features_col: str = "features"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line of the LR benchmark (see bench/README.md)."""
+    p = argparse.ArgumentParser(prog="python -m bench.lr", description=__doc__.split("\n")[0])
+    p.add_argument("--impl", default="mllib,sparkps", help=f"comma list of {IMPLS}")
+    p.add_argument("--datasets", default="synthetic,flights,dense", help=f"of {DATASETS}")
+    p.add_argument("--log2-dims", default="20,24", help="hashed dims for synthetic and flights")
+    p.add_argument("--rows", type=int, default=1_000_000, help="synthetic/dense train rows")
+    p.add_argument("--test-rows", type=int, default=None, help="default rows/4")
+    p.add_argument("--nnz", type=int, default=30, help="synthetic fields per row")
+    p.add_argument("--dense-features", type=int, default=100)
+    p.add_argument("--flights-fraction", type=float, default=1.0, help="row sample of flights")
+    p.add_argument("--huge", action="store_true", help="add synthetic 2**30 (MLlib may fail)")
+    p.add_argument("--huge-rows", type=int, default=None, help="rows of the 2**30 case")
+    p.add_argument("--isolate-log2", type=int, default=28, help="MLlib in a child from here")
+    p.add_argument("--transform", action="store_true", help="also time scoring at 2**24")
+    p.add_argument("--transform-rows", type=int, default=200_000)
+    p.add_argument("--transform-fit-iter", type=int, default=5)
+    p.add_argument("--max-iter", type=int, default=20)
+    p.add_argument("--reg-param", type=float, default=0.01)
+    p.add_argument("--elastic-net-param", type=float, default=0.0)
+    p.add_argument("--tol", type=float, default=1e-6)
+    p.add_argument("--standardization", choices=("true", "false"), default="false")
+    p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
+    p.add_argument("--loss-rtol", type=float, default=1e-4, help="'reached MLlib loss' margin")
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--driver-memory", default="4g")
+    p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
+    p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
+    p.add_argument("--child-timeout", type=float, default=1800.0)
+    return p.parse_args(argv)
+
+
+def lr_params(args: argparse.Namespace, features_col: str) -> dict[str, Any]:
+    """The Params every implementation receives, identical by construction."""
+    return {
+        "featuresCol": features_col,
+        "labelCol": "label",
+        "maxIter": args.max_iter,
+        "regParam": args.reg_param,
+        "elasticNetParam": args.elastic_net_param,
+        "tol": args.tol,
+        "standardization": args.standardization == "true",
+    }
+
+
+def estimator(impl: str, args: argparse.Namespace, features_col: str) -> Any | None:
+    """An unfitted LR of ``impl``, or None when spark-ps is not importable."""
+    params = lr_params(args, features_col)
+    if impl == "mllib":
+        from pyspark.ml.classification import LogisticRegression
+
+        return LogisticRegression(**params)
+    cls = import_sparkps("LogisticRegression")
+    if cls is None:
+        return None
+    return cls(**params, **json.loads(args.sparkps_params))
+
+
+def build_cases(spark: Any, args: argparse.Namespace) -> list[Case]:
+    """The (dataset, dim) grid of this run; DataFrames are not cached yet."""
+    datasets = parse_impls(args.datasets, DATASETS)
+    dims = [int(d) for d in args.log2_dims.split(",") if d.strip()]
+    test_rows = args.test_rows or max(args.rows // 4, 1)
+    cases: list[Case] = []
+    for log2 in dims:
+        if "synthetic" in datasets:
+            col = "features" if log2 <= MAX_VECTOR_LOG2 else "keys"
+            tr = synthetic_ctr(spark, args.rows, log2, args.nnz, args.seed, args.partitions)
+            te = synthetic_ctr(
+                spark, test_rows, log2, args.nnz, args.seed, args.partitions, start=args.rows
+            )
+            cases.append(Case("synthetic", f"2^{log2}", log2, tr, te, col))
+        if "flights" in datasets:
+            tr, te = flights_ctr(spark, log2_dim=log2, fraction=args.flights_fraction)
+            col = "features" if log2 <= MAX_VECTOR_LOG2 else "keys"
+            tr, te = tr.repartition(args.partitions), te.repartition(args.partitions)
+            cases.append(Case("flights-3m", f"2^{log2}", log2, tr, te, col))
+    if "dense" in datasets:
+        n = args.dense_features
+        tr = dense_features(spark, args.rows, n, args.seed, args.partitions)
+        te = dense_features(spark, test_rows, n, args.seed, args.partitions, start=args.rows)
+        cases.append(Case("dense", str(n), None, tr, te))
+    if args.huge:
+        rows = args.huge_rows or args.rows
+        tr = synthetic_ctr(spark, rows, 30, args.nnz, args.seed, args.partitions)
+        te = synthetic_ctr(spark, test_rows, 30, args.nnz, args.seed, args.partitions, start=rows)
+        cases.append(Case("synthetic", "2^30", 30, tr, te))
+    return cases
+
+
+def _time_to_loss(summary: Any, target: float, rtol: float) -> float | None:
+    """Seconds until ``objectiveHistory`` first reaches ``target`` (within rtol), if known.
+
+    Needs ``summary.iterationTimestamps``: seconds since the fit started, one per
+    objectiveHistory entry. MLlib has none, so its column stays 'n/a'.
+    """
+    stamps = getattr(summary, "iterationTimestamps", None)
+    if stamps is None or target is None:
+        return None
+    for loss, stamp in zip(summary.objectiveHistory, stamps, strict=False):
+        if loss <= target + rtol * abs(target):
+            return float(stamp)
+    return float("inf")
+
+
+def fit_one(impl: str, est: Any, case: Case, spark: Any, target: float | None, rtol: float):
+    """Fit and score one implementation on one case; a failure becomes a row, not a crash."""
+    row: dict[str, Any] = {"impl": impl, "status": "ok"}
+    try:
+        with PeakMemory(spark) as mem, Timer() as t:
+            model = est.fit(case.train)
+        summary = model.summary
+        iters = int(summary.totalIterations)
+        history = list(summary.objectiveHistory)
+        row.update(
+            {
+                "iters": iters,
+                "fit s": t.elapsed,
+                "s/iter": t.elapsed / max(iters, 1),
+                "final loss": history[-1] if history else None,
+                "t to MLlib loss s": _time_to_loss(summary, target, rtol),
+                "JVM heap MiB": mem.jvm_mib,
+                "py RSS MiB": mem.py_mib,
+                "test AUC": model_auc(model, case.test),
+            }
+        )
+    except Exception as exc:  # report the failure (e.g. MLlib's OOM at 2**30) and go on
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        row["status"] = f"failed: {type(exc).__name__}: {first}"
+    return row
+
+
+def _mllib_in_child(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    """Run MLlib on a huge case in its own Python+JVM and read back its row."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, "-m", "bench.lr", "--impl", "mllib", "--datasets", "synthetic"]
+        rows = args.huge_rows or args.rows
+        argv += ["--log2-dims", str(case.log2_dim), "--rows", str(rows), "--json-out", str(out)]
+        argv += ["--test-rows", str(args.test_rows or max(args.rows // 4, 1))]
+        argv += ["--isolate-log2", "99", "--driver-memory", args.driver_memory]
+        for flag in ("max_iter", "reg_param", "elastic_net_param", "tol", "standardization"):
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        argv += ["--nnz", str(args.nnz), "--seed", str(args.seed)]
+        argv += ["--partitions", str(args.partitions)]
+        cwd = Path(__file__).resolve().parents[1]
+        try:
+            proc = subprocess.run(
+                argv, cwd=cwd, capture_output=True, text=True, timeout=args.child_timeout
+            )
+        except subprocess.TimeoutExpired:
+            return {"impl": "mllib", "status": f"failed: timeout {args.child_timeout:.0f} s"}
+        if out.exists():
+            return json.loads(out.read_text())[0] | {"impl": "mllib"}
+        tail = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "Error" in ln][-1:]
+        msg = tail[0].strip()[:160] if tail else "no output"
+        return {"impl": "mllib", "status": f"failed: exit {proc.returncode}: {msg}"}
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Fill the ratio columns of every row against the MLlib row of the same case."""
+    base = next((r for r in rows if r["impl"] == "mllib" and r["status"] == "ok"), None)
+    for r in rows:
+        if base is None or r["status"] != "ok":
+            continue
+        r["speedup"] = fmt_ratio(base["fit s"], r["fit s"])
+        r["speedup to loss"] = fmt_ratio(base["fit s"], r.get("t to MLlib loss s"))
+        r["heap ratio"] = fmt_ratio(r["JVM heap MiB"], base["JVM heap MiB"])
+        r["dAUC"] = f"{r['test AUC'] - base['test AUC']:+.4f}"
+
+
+def run_case(spark: Any, case: Case, impls: list[str], args: argparse.Namespace) -> list[dict]:
+    """All implementations on one case, MLlib first so that its loss is the target."""
+    train = case.train.cache()
+    test = case.test.cache()
+    n_train = train.count()
+    test.count()
+    rows: list[dict[str, Any]] = []
+    target = None
+    for impl in impls:
+        big = case.log2_dim is not None and case.log2_dim >= args.isolate_log2
+        if impl == "mllib" and case.features_col != "features":
+            row = {"impl": impl, "status": "skipped: VectorUDT cannot hold > 2^30 dims"}
+        elif impl == "mllib" and big:
+            row = _mllib_in_child(case, args)
+        else:
+            est = estimator(impl, args, case.features_col)
+            if est is None:
+                continue
+            row = fit_one(impl, est, case, spark, target, args.loss_rtol)
+        if impl == "mllib" and row["status"] == "ok":
+            target = row["final loss"]
+        rows.append(row | {"dataset": case.dataset, "dim": case.dim, "train rows": n_train})
+    try:
+        train.unpersist()
+        test.unpersist()
+    except Exception as exc:  # the JVM may be gone after a fatal OOM
+        print(f"note: could not unpersist {case.dataset} {case.dim}: {type(exc).__name__}")
+    add_ratios(rows)
+    return rows
+
+
+def transform_bench(spark: Any, impls: list[str], args: argparse.Namespace) -> list[dict]:
+    """Score ``--transform-rows`` rows at 2**24 with each implementation (noop sink)."""
+    n = args.transform_rows
+    df = synthetic_ctr(spark, n, 24, args.nnz, args.seed, args.partitions).cache()
+    df.count()
+    rows: list[dict[str, Any]] = []
+    for impl in impls:
+        fit_args = argparse.Namespace(**{**vars(args), "max_iter": args.transform_fit_iter})
+        est = estimator(impl, fit_args, "features")
+        if est is None:
+            continue
+        model = est.fit(df)
+        with Timer() as t:
+            model.transform(df).write.format("noop").mode("overwrite").save()
+        rows.append({"impl": impl, "rows": n, "dim": "2^24", "transform s": t.elapsed})
+    base = next((r for r in rows if r["impl"] == "mllib"), None)
+    for r in rows:
+        r["speedup"] = fmt_ratio(base["transform s"], r["transform s"]) if base else "n/a"
+    df.unpersist()
+    return rows
+
+
+def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> None:
+    """Fit each implementation once on 2,000 rows, so no timed fit pays JIT/worker start-up."""
+    df = synthetic_ctr(spark, 2000, 12, 10, args.seed, args.partitions).cache()
+    with Timer() as t:
+        for impl in impls:
+            est = estimator(impl, argparse.Namespace(**{**vars(args), "max_iter": 3}), "features")
+            if est is not None:
+                model_auc(est.fit(df), df)
+    df.unpersist()
+    print(f"warm-up: {t.elapsed:.1f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the grid, print one markdown table per case, return all rows."""
+    args = parse_args(argv)
+    impls = parse_impls(args.impl, IMPLS)
+    impls = sorted(impls, key=lambda i: i != "mllib")  # MLlib first: its loss is the target
+    spark = bench_session(args.driver_memory, app="spark-ps-bench-lr")
+    if not args.no_warmup:
+        warmup(spark, impls, args)
+    all_rows: list[dict[str, Any]] = []
+    for case in build_cases(spark, args):
+        rows = run_case(spark, case, impls, args)
+        print(f"\n### LR {case.dataset} dim {case.dim}\n", flush=True)
+        print(markdown_table(rows, COLUMNS), flush=True)
+        all_rows += rows
+    if args.transform:
+        rows = transform_bench(spark, impls, args)
+        print("\n### LR transform (score rows at 2^24)\n")
+        print(markdown_table(rows), flush=True)
+        all_rows += rows
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(all_rows, default=str))
+    return all_rows
+
+
+if __name__ == "__main__":
+    main()
