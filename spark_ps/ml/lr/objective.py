@@ -1,0 +1,601 @@
+"""MLlib's binary logistic regression objective, piece by piece, for local or PS vectors.
+
+MLlib (``LogisticRegression.train`` with ``BinaryLogisticBlockAggregator``) fits
+in a standardized space: feature ``j`` is divided by its weighted unbiased
+standard deviation ``std_j`` (constant features, ``std_j == 0``, are dropped and
+keep coefficient 0) and, when an intercept is fitted, virtually centered by its
+mean. It minimizes
+
+    sum_i w_i * logloss(y_i, margin_i) / sum_i w_i
+        + regParam * ((1 - alpha)/2 * sum_j s2_j * b_j**2 + alpha * sum_j s1_j * |b_j|)
+
+over the standardized coefficients ``b`` and the unpenalized intercept, where
+``s2_j = s1_j = 1`` with ``standardization=True`` and ``1/std_j**2`` resp.
+``1/std_j`` otherwise (the same penalty on the original coefficients
+``b_j / std_j``). Centering only moves the intercept (``b0' = b0 + sum_j
+b_j * mean_j / std_j``), so the optimum is MLlib's; we center too so the solver
+also walks MLlib's path.
+
+How a distributed fit uses this module (``fit_binary_lr_local`` is the
+reference on one machine):
+
+1. ``feature_stats`` per partition, ``merge_stats`` to combine, ``finalize_stats``.
+2. Vectors of dimension ``D (+1 intercept slot at index D)``: ``mean``, ``std``
+   (0 at the intercept slot) and ``coef_mask`` (1, 0 at the intercept) ->
+   ``build_lr_vectors``; ``initial_point`` fills the start point.
+3. ``evaluate(x, g)``: ``offset = dot(x, scaled_mean)``; each worker pulls its
+   keys' ``x`` and ``inv_std`` plus ``x[D]``, calls ``loss_and_grad`` with
+   intercept ``x[D] - offset``, pushes ``grad_local`` into ``g`` for its keys and
+   the intercept sum into ``g[D]``; the driver sums the scalars and calls
+   ``finish_objective``.
+4. ``minimize_lbfgs(space, evaluate, x, l1=vecs.l1_weight)``, then
+   ``original_space`` for MLlib's coefficients and intercept.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from spark_ps.data import CSRBatch
+from spark_ps.ml.lr.optim import minimize_lbfgs
+from spark_ps.ml.lr.vecspace import NumpyVecSpace, VecSpace
+
+__all__ = [
+    "StatsPartial",
+    "FeatureStats",
+    "feature_stats",
+    "merge_stats",
+    "finalize_stats",
+    "loss_and_grad",
+    "LRVectors",
+    "build_lr_vectors",
+    "initial_point",
+    "finish_objective",
+    "original_space",
+    "local_objective",
+    "fit_binary_lr_local",
+]
+
+log = logging.getLogger(__name__)
+V = TypeVar("V")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class StatsPartial:
+    """Mergeable partial statistics of a set of rows, sparse in the feature keys.
+
+    Per key (sorted unique ``keys``) over rows of positive weight: ``count`` of rows
+    with a stored entry, ``s1 = sum w*x``, ``s2 = sum w*x**2`` (all combine by
+    addition) and ``vmin``/``vmax`` of the stored values (combine by min/max).
+    Keys never stored have all-zero columns. Scalars: ``n_rows`` (positive
+    weight), ``weight_sum``, ``weight_sq_sum``, ``label_weight`` (weight of labels
+    0 and 1), and the number / an example of labels that are neither.
+    """
+
+    keys: np.ndarray
+    count: np.ndarray
+    s1: np.ndarray
+    s2: np.ndarray
+    vmin: np.ndarray
+    vmax: np.ndarray
+    num_features: int
+    n_rows: int
+    weight_sum: float
+    weight_sq_sum: float
+    label_weight: np.ndarray
+    n_bad_labels: int = 0
+    bad_label: float = math.nan
+
+
+@dataclass
+class FeatureStats:
+    """Final statistics as MLlib's summarizer reports them (weighted, unbiased std).
+
+    ``mean``/``std``/``count`` are given for ``keys``; every other feature has mean
+    and std 0. ``label_weight`` is MLlib's label histogram ``[w(y=0), w(y=1)]``.
+    """
+
+    keys: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    count: np.ndarray
+    num_features: int
+    n_rows: int
+    weight_sum: float
+    weight_sq_sum: float
+    label_weight: np.ndarray
+
+    def dense(self, name: str) -> np.ndarray:
+        """``mean``, ``std`` or ``count`` as a dense float64 array of ``num_features``."""
+        out = np.zeros(self.num_features, dtype=np.float64)
+        out[self.keys] = getattr(self, name)
+        return out
+
+    @property
+    def constant_label(self) -> bool:
+        """True when all the weight sits on one label (MLlib's ``isConstantLabel``)."""
+        return int(np.count_nonzero(self.label_weight)) == 1
+
+
+def _row_entries(batch: CSRBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, key, value) of stored entries with duplicate keys of a row summed.
+
+    Rows whose keys are strictly increasing (VectorUDT always) cost one check.
+    """
+    rows, idx, vals = batch.row_ids(), batch.indices, batch.values
+    if idx.size < 2:
+        return rows, idx, vals
+    if not np.any((rows[1:] == rows[:-1]) & (idx[1:] <= idx[:-1])):
+        return rows, idx, vals
+    order = np.lexsort((idx, rows))
+    rows, idx, vals = rows[order], idx[order], vals[order]
+    first = np.ones(idx.size, dtype=bool)
+    first[1:] = (rows[1:] != rows[:-1]) | (idx[1:] != idx[:-1])
+    starts = np.flatnonzero(first)
+    return rows[starts], idx[starts], np.add.reduceat(vals, starts)
+
+
+def _batch_weights(batch: CSRBatch) -> np.ndarray:
+    if batch.weights is None:
+        return np.ones(batch.n_rows, dtype=np.float64)
+    w = batch.weights
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"instance weight {float(w[i])!r} at row {i} of the batch must be finite and >= 0"
+        )
+    return w
+
+
+def _batch_stats(batch: CSRBatch) -> StatsPartial:
+    """Partial statistics of one batch: one sort by key, then segment reductions."""
+    if batch.labels is None:
+        raise ValueError("feature_stats: the batch has no labels")
+    w = _batch_weights(batch)
+    y = batch.labels
+    pos = w > 0
+    rows, idx, vals = _row_entries(batch)
+    keep = pos[rows]
+    order = np.argsort(idx[keep])
+    idx, vals, wr = idx[keep][order], vals[keep][order], w[rows[keep]][order]
+    starts = np.flatnonzero(np.concatenate([[True], idx[1:] != idx[:-1]])) if idx.size else idx
+    wv = wr * vals
+    bad = (y != 0.0) & (y != 1.0)
+    n_bad = int(np.count_nonzero(bad))
+    return StatsPartial(
+        keys=idx[starts],
+        count=np.diff(np.append(starts, idx.size)).astype(np.int64),
+        s1=_segment(np.add, wv, starts),
+        s2=_segment(np.add, wv * vals, starts),
+        vmin=_segment(np.minimum, vals, starts),
+        vmax=_segment(np.maximum, vals, starts),
+        num_features=batch.num_features,
+        n_rows=int(np.count_nonzero(pos)),
+        weight_sum=float(w.sum()),
+        weight_sq_sum=float(np.dot(w, w)),
+        label_weight=np.array([w[y == 0.0].sum(), w[y == 1.0].sum()], dtype=np.float64),
+        n_bad_labels=n_bad,
+        bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
+    )
+
+
+def _segment(op: np.ufunc, values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """``op`` reduced over the segments of ``values`` beginning at ``starts``."""
+    if values.size == 0:
+        return np.zeros(0, dtype=np.float64)
+    return op.reduceat(values, starts)
+
+
+def merge_stats(a: StatsPartial, b: StatsPartial) -> StatsPartial:
+    """Combine two partials (associative and commutative up to float rounding)."""
+    keys = np.union1d(a.keys, b.keys)
+    ia, ib = np.searchsorted(keys, a.keys), np.searchsorted(keys, b.keys)
+
+    def comb(fa: np.ndarray, fb: np.ndarray, empty: float, op: np.ufunc) -> np.ndarray:
+        out = np.full(keys.shape[0], empty, dtype=fa.dtype)
+        out[ia] = fa
+        out[ib] = op(out[ib], fb)
+        return out
+
+    return StatsPartial(
+        keys=keys,
+        count=comb(a.count, b.count, 0, np.add),
+        s1=comb(a.s1, b.s1, 0.0, np.add),
+        s2=comb(a.s2, b.s2, 0.0, np.add),
+        vmin=comb(a.vmin, b.vmin, np.inf, np.minimum),
+        vmax=comb(a.vmax, b.vmax, -np.inf, np.maximum),
+        num_features=max(a.num_features, b.num_features),
+        n_rows=a.n_rows + b.n_rows,
+        weight_sum=a.weight_sum + b.weight_sum,
+        weight_sq_sum=a.weight_sq_sum + b.weight_sq_sum,
+        label_weight=a.label_weight + b.label_weight,
+        n_bad_labels=a.n_bad_labels + b.n_bad_labels,
+        bad_label=a.bad_label if a.n_bad_labels else b.bad_label,
+    )
+
+
+def feature_stats(batches: Iterable[CSRBatch]) -> StatsPartial:
+    """Partial statistics of a partition's batches (labels required, weights optional)."""
+    out: StatsPartial | None = None
+    num_features = 0
+    for batch in batches:
+        num_features = max(num_features, batch.num_features)
+        part = _batch_stats(batch)
+        out = part if out is None else merge_stats(out, part)
+    if out is None:  # an empty partition
+        empty = np.zeros(0)
+        out = StatsPartial(
+            keys=np.zeros(0, np.int64),
+            count=np.zeros(0, np.int64),
+            s1=empty,
+            s2=empty,
+            vmin=empty,
+            vmax=empty,
+            num_features=num_features,
+            n_rows=0,
+            weight_sum=0.0,
+            weight_sq_sum=0.0,
+            label_weight=np.zeros(2),
+        )
+    return out
+
+
+def finalize_stats(p: StatsPartial) -> FeatureStats:
+    """Means and weighted unbiased stds exactly as MLlib's Summarizer defines them.
+
+    ``var = sum w (x - mean)**2 / (W - sum w**2 / W)`` (0 when that denominator is
+    not positive). A feature whose values (implicit zeros included) are all equal
+    gets std exactly 0, as MLlib's online update gives, whatever the rounding of
+    the sums. The sums lose relative precision ``~1e-16 * mean**2 / var``.
+    """
+    if p.n_bad_labels:
+        raise ValueError(
+            f"Labels MUST be in {{0, 1}} for binary logistic regression, but got "
+            f"{p.bad_label!r} ({p.n_bad_labels} rows)"
+        )
+    if not p.weight_sum > 0:
+        raise ValueError(f"the total instance weight is {p.weight_sum!r}; it must be positive")
+    W = p.weight_sum
+    mean = p.s1 / W
+    denom = W - p.weight_sq_sum / W
+    var = np.maximum((p.s2 - mean * p.s1) / denom, 0.0) if denom > 0 else np.zeros_like(mean)
+    has_zero = p.count < p.n_rows
+    lo = np.where(has_zero, np.minimum(p.vmin, 0.0), p.vmin)
+    hi = np.where(has_zero, np.maximum(p.vmax, 0.0), p.vmax)
+    var = np.where(lo == hi, 0.0, var)
+    return FeatureStats(
+        keys=p.keys,
+        mean=mean,
+        std=np.sqrt(var),
+        count=p.count,
+        num_features=p.num_features,
+        n_rows=p.n_rows,
+        weight_sum=W,
+        weight_sq_sum=p.weight_sq_sum,
+        label_weight=p.label_weight.copy(),
+    )
+
+
+# --------------------------------------------------------------------------- data term
+
+
+def loss_and_grad(
+    csr: CSRBatch,
+    coef_local: np.ndarray,
+    intercept: float,
+    inv_std_local: np.ndarray,
+    fit_intercept: bool,
+    *,
+    rows: np.ndarray | None = None,
+) -> tuple[float, np.ndarray, float, float]:
+    """Weighted log loss of a localized batch and its gradient, in the standardized space.
+
+    Parameters
+    ----------
+    csr : CSRBatch
+        Localized (``CSRBatch.localize``): indices point into the pulled keys.
+        Labels in {0, 1}; weights (validated by ``feature_stats``) default to 1.
+    coef_local, inv_std_local : float64 [k]
+        Standardized coefficients and ``1/std`` (0 for constant features) of the keys.
+    intercept : float
+        The margin offset: the intercept, minus ``dot(coef, scaled_mean)`` when
+        centering. Ignored unless ``fit_intercept``.
+    rows : int64 [nnz], optional
+        ``csr.row_ids()``, if the caller keeps it with a batch it passes over often.
+
+    Returns
+    -------
+    (loss_sum, grad_local, grad_intercept, weight_sum)
+        Sums over rows, not divided by the weight: ``sum w*logloss``, its gradient
+        for the keys (``inv_std * X^T r``, ``r = w*(sigmoid(margin) - y)``, without
+        the centering correction), ``sum r`` (0 without intercept) and ``sum w``.
+    """
+    coef_local = np.asarray(coef_local, dtype=np.float64)
+    inv_std_local = np.asarray(inv_std_local, dtype=np.float64)
+    k = coef_local.shape[0]
+    if coef_local.ndim != 1 or inv_std_local.shape != coef_local.shape:
+        raise ValueError(
+            f"loss_and_grad: coef_local {coef_local.shape} and inv_std_local "
+            f"{inv_std_local.shape} must be 1-D of the same length"
+        )
+    if csr.labels is None:
+        raise ValueError("loss_and_grad: the batch has no labels")
+    y = csr.labels
+    w = np.ones(csr.n_rows) if csr.weights is None else csr.weights
+    rows = csr.row_ids() if rows is None else rows
+    try:
+        eff = (coef_local * inv_std_local)[csr.indices]
+    except IndexError:
+        raise ValueError(
+            f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
+            "coefficients were given (is the batch localized?)"
+        ) from None
+    margin = np.bincount(rows, weights=csr.values * eff, minlength=csr.n_rows)
+    if fit_intercept:
+        margin += intercept
+    # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
+    loss_sum = float(np.dot(w, np.logaddexp(0.0, np.where(y > 0, -margin, margin))))
+    with np.errstate(over="ignore"):
+        r = w * (1.0 / (1.0 + np.exp(-margin)) - y)
+    grad = np.bincount(csr.indices, weights=csr.values * r[rows], minlength=k) * inv_std_local
+    grad_intercept = float(r.sum()) if fit_intercept else 0.0
+    return loss_sum, grad, grad_intercept, float(w.sum())
+
+
+# --------------------------------------------------------------------------- vectors
+
+
+@dataclass
+class LRVectors(Generic[V]):
+    """Per-coordinate vectors of the standardized problem (dimension D [+1 intercept]).
+
+    ``scaled_mean`` exists only with an intercept (virtual centering);
+    ``l2_scale`` only when the L2 part is non-zero; ``l1_weight`` only when MLlib
+    would run OWL-QN (``elasticNetParam != 0 and regParam != 0``).
+    """
+
+    fit_intercept: bool
+    reg_l2: float
+    inv_std: V
+    scaled_mean: V | None
+    l2_scale: V | None
+    l1_weight: V | None
+
+    def release(self, space: VecSpace) -> None:
+        """Give every vector back to ``space``."""
+        for v in (self.inv_std, self.scaled_mean, self.l2_scale, self.l1_weight):
+            if v is not None:
+                space.release(v)
+
+
+def _check_params(reg_param: float, elastic_net: float) -> None:
+    if not (reg_param >= 0 and math.isfinite(reg_param)):
+        raise ValueError(f"regParam must be finite and >= 0, got {reg_param!r}")
+    if not 0 <= elastic_net <= 1:
+        raise ValueError(f"elasticNetParam must be in [0, 1], got {elastic_net!r}")
+
+
+def build_lr_vectors(
+    space: VecSpace,
+    mean: Any,
+    std: Any,
+    coef_mask: Any,
+    *,
+    reg_param: float,
+    elastic_net: float,
+    standardization: bool,
+    fit_intercept: bool,
+) -> LRVectors:
+    """Derive MLlib's scaling, centering and penalty vectors with VecSpace kernels.
+
+    ``mean``/``std`` hold the feature statistics (0 at the intercept slot) and
+    ``coef_mask`` is 1 on coefficients, 0 on the intercept; the caller keeps them.
+    """
+    _check_params(reg_param, elastic_net)
+    inv_std = space.new("lr.inv_std")
+    space.apply("lr_inverse_std", inv_std, std)
+    scaled_mean = None
+    if fit_intercept:
+        scaled_mean = space.new("lr.scaled_mean")
+        space.apply("lr_scaled_mean", scaled_mean, mean, inv_std)
+    reg_l2 = (1.0 - elastic_net) * reg_param
+    reg_l1 = elastic_net * reg_param
+    stdz = 1.0 if standardization else 0.0
+    l2_scale = None
+    if reg_l2 != 0.0:
+        l2_scale = space.new("lr.l2_scale")
+        space.apply("lr_l2_scale", l2_scale, std, coef_mask, standardization=stdz)
+    l1_weight = None
+    if elastic_net != 0.0 and reg_param != 0.0:
+        l1_weight = space.new("lr.l1_weight")
+        space.apply("lr_l1_weight", l1_weight, std, coef_mask, reg_l1=reg_l1, standardization=stdz)
+    return LRVectors(fit_intercept, reg_l2, inv_std, scaled_mean, l2_scale, l1_weight)
+
+
+def initial_point(
+    space: VecSpace, x: Any, coef_mask: Any, label_weight: np.ndarray, fit_intercept: bool
+) -> float:
+    """Fill ``x`` with MLlib's start: zero coefficients, intercept ``log(w1 / w0)``.
+
+    With centering the start intercept would gain ``dot(0, scaled_mean) = 0``.
+    Returns the start intercept (0 without one).
+    """
+    if not fit_intercept:
+        space.fill(x, 0.0)
+        return 0.0
+    w0, w1 = float(label_weight[0]), float(label_weight[1])
+    if not (w0 > 0 and w1 > 0):
+        raise ValueError(
+            f"label weights {w0!r} (label 0) and {w1!r} (label 1): with one label only MLlib "
+            "does not train (coefficients 0, intercept +-inf); check FeatureStats.constant_label"
+        )
+    b0 = math.log(w1 / w0)
+    space.fill(x, b0)
+    space.axpy(-b0, coef_mask, x)  # b0 - b0*1 == 0 exactly on coefficients
+    return b0
+
+
+def finish_objective(
+    space: VecSpace,
+    x: Any,
+    g: Any,
+    vecs: LRVectors,
+    *,
+    loss_sum: float,
+    weight_sum: float,
+    grad_intercept: float,
+) -> float:
+    """Turn the summed data term in ``g`` into MLlib's objective; return its value.
+
+    On entry ``g`` holds the pushed sums (``grad_local`` per key, ``grad_intercept``
+    in the intercept slot). Divides by the total weight, applies the centering
+    correction ``-scaled_mean * grad_intercept / W`` and adds the L2 penalty.
+    """
+    if not weight_sum > 0:
+        raise ValueError(f"the total instance weight of the pass is {weight_sum!r}")
+    space.scale(1.0 / weight_sum, g)
+    if vecs.scaled_mean is not None:
+        space.axpy(-grad_intercept / weight_sum, vecs.scaled_mean, g)
+    value = loss_sum / weight_sum
+    if vecs.l2_scale is not None:
+        value += space.apply("l2_penalty", g, x, vecs.l2_scale, reg=vecs.reg_l2)
+    return value
+
+
+def original_space(
+    space: VecSpace, x: Any, vecs: LRVectors, intercept_value: float
+) -> tuple[Any, float]:
+    """(coefficients handle in the original feature space, intercept) of a solution.
+
+    ``intercept_value`` is ``x[D]`` (0 without intercept). The returned handle has
+    0 in the intercept slot; the caller releases it.
+    """
+    coef = space.new("lr.coefficients")
+    space.apply("multiply", coef, x, vecs.inv_std)
+    if not vecs.fit_intercept:
+        return coef, 0.0
+    return coef, intercept_value - space.dot(x, vecs.scaled_mean)
+
+
+# --------------------------------------------------------------------------- reference fit
+
+
+def _as_batch(X: Any, y: Any, w: Any) -> CSRBatch:
+    """A CSRBatch from a CSRBatch, a scipy.sparse matrix or a dense 2-D array."""
+    if isinstance(X, CSRBatch):
+        labels = X.labels if y is None else y
+        weights = X.weights if w is None else w
+        return CSRBatch(X.indptr, X.indices, X.values, X.num_features, labels, weights)
+    if hasattr(X, "tocsr"):
+        m = X.tocsr()
+        return CSRBatch(m.indptr, m.indices, m.data, m.shape[1], y, w)
+    a = np.asarray(X, dtype=np.float64)
+    if a.ndim != 2:
+        raise TypeError(
+            f"X must be a CSRBatch, a scipy.sparse matrix or a 2-D array; got {a.shape}"
+        )
+    n, d = a.shape
+    return CSRBatch(
+        np.arange(n + 1, dtype=np.int64) * d,
+        np.tile(np.arange(d, dtype=np.int64), n),
+        a.ravel(),
+        d,
+        y,
+        w,
+    )
+
+
+def _stat_vectors(space: NumpyVecSpace, stats: FeatureStats, fit_intercept: bool):
+    D = stats.num_features
+    pad = [0.0] if fit_intercept else []
+    mean = space.from_array("lr.mean", np.concatenate([stats.dense("mean"), pad]))
+    std = space.from_array("lr.std", np.concatenate([stats.dense("std"), pad]))
+    mask = space.from_array("lr.coef_mask", np.concatenate([np.ones(D), pad]))
+    return mean, std, mask
+
+
+def local_objective(space: NumpyVecSpace, batch: CSRBatch, vecs: LRVectors) -> Callable:
+    """``evaluate(x, g) -> f`` over one in-memory batch: what PS workers do, on one machine.
+
+    The coefficient slots are ``0..D-1`` and the intercept (if any) is slot ``D``.
+    """
+    fit_intercept = vecs.fit_intercept
+    D = space.dim - int(fit_intercept)
+    keys, local = batch.localize()
+    inv_std = space.to_numpy(vecs.inv_std)[keys]
+
+    def evaluate(x: np.ndarray, g: np.ndarray) -> float:
+        b = float(x[D]) - space.dot(x, vecs.scaled_mean) if fit_intercept else 0.0
+        loss_sum, grad, gi, wsum = loss_and_grad(local, x[keys], b, inv_std, fit_intercept)
+        space.fill(g, 0.0)
+        g[keys] = grad
+        if fit_intercept:
+            g[D] = gi
+        return finish_objective(
+            space, x, g, vecs, loss_sum=loss_sum, weight_sum=wsum, grad_intercept=gi
+        )
+
+    return evaluate
+
+
+def fit_binary_lr_local(
+    X_csr: Any,
+    y: Any,
+    w: Any = None,
+    *,
+    reg_param: float = 0.0,
+    elastic_net: float = 0.0,
+    standardization: bool = True,
+    fit_intercept: bool = True,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+    shards: int = 1,
+) -> tuple[np.ndarray, float, list[float]]:
+    """MLlib's binary LogisticRegression on one machine: (coefficients, intercept, history).
+
+    Composes the pieces of this module with :class:`NumpyVecSpace` exactly as the
+    PS version composes them with PS vectors; defaults are MLlib's. ``shards``
+    splits the solver's vectors into that many slices, as PS shards would.
+    """
+    batch = _as_batch(X_csr, y, w)
+    stats = finalize_stats(feature_stats([batch]))
+    _check_params(reg_param, elastic_net)
+    D = stats.num_features
+    if fit_intercept and stats.constant_label:
+        log.warning("all labels are the same value and fitIntercept=true: coefficients are 0")
+        return np.zeros(D), math.inf if stats.label_weight[1] > 0 else -math.inf, [0.0]
+    space = NumpyVecSpace(D + int(fit_intercept), shards=shards)
+    mean, std, mask = _stat_vectors(space, stats, fit_intercept)
+    vecs = build_lr_vectors(
+        space,
+        mean,
+        std,
+        mask,
+        reg_param=reg_param,
+        elastic_net=elastic_net,
+        standardization=standardization,
+        fit_intercept=fit_intercept,
+    )
+    x = space.new("lr.x")
+    initial_point(space, x, mask, stats.label_weight, fit_intercept)
+    for v in (mean, std, mask):
+        space.release(v)
+    evaluate = local_objective(space, batch, vecs)
+    res = minimize_lbfgs(space, evaluate, x, max_iter=max_iter, tol=tol, m=10, l1=vecs.l1_weight)
+    b = float(res.x[D]) if fit_intercept else 0.0
+    coef_h, intercept = original_space(space, res.x, vecs, b)
+    coef = space.to_numpy(coef_h)[:D]
+    for v in (coef_h, res.x):
+        space.release(v)
+    vecs.release(space)
+    return coef, intercept, res.objective_history

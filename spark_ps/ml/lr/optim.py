@@ -1,0 +1,392 @@
+"""L-BFGS and OWL-QN written only in VecSpace operations.
+
+The solver follows breeze's ``LBFGS`` / ``OWLQN`` (the optimizers MLlib's
+LogisticRegression runs) rule for rule, so it walks the same path and stops for
+the same reasons: the two-loop recursion with ``s'y / y'y`` scaling, a strong
+Wolfe cubic line search for L-BFGS, backtracking with orthant projection for
+OWL-QN, breeze's convergence tests, and its reset-history-once-then-give-up
+reaction to a failed step. Every vector is a VecSpace handle, so with a PS space
+the history lives on the shards and only scalars reach the driver.
+
+Each ``evaluate`` call is a distributed pass; the solver never evaluates the
+same point twice (the point a line search accepts is the last one it tried).
+Live vectors: ``2*m`` history + 4 (x, g, trial x, trial g) + direction
+(+ pseudo-gradient for OWL-QN).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from spark_ps.ml.lr.vecspace import VecSpace
+
+__all__ = ["minimize_lbfgs", "MinimizeResult", "IterationInfo"]
+
+V = TypeVar("V")
+
+# breeze constants (LBFGS, StrongWolfeLineSearch, BacktrackingLineSearch, convergence checks).
+_WOLFE_C1, _WOLFE_C2 = 1e-4, 0.9
+_MAX_ZOOM, _MAX_LINE_SEARCH = 10, 10
+_BT_MAX_ITER, _BT_GROW, _BT_MIN_ALPHA, _BT_MAX_ALPHA = 20, 2.1, 1e-10, 1e10
+_FVAL_MEMORY = 20
+_GRAD_FLOOR = 1e-8
+
+
+class _StepFailure(Exception):
+    """A failed step (breeze's FirstOrderException): reset the history once, then stop."""
+
+
+@dataclass
+class IterationInfo:
+    """What a callback sees after each iteration."""
+
+    iteration: int
+    value: float
+    grad_norm: float
+    step: float
+    n_evals: int
+
+
+@dataclass
+class MinimizeResult(Generic[V]):
+    """Outcome of :func:`minimize_lbfgs`.
+
+    ``x`` is a live handle owned by the caller (release it when done);
+    ``objective_history`` starts with the initial value and has one entry per
+    iteration, as MLlib's ``summary.objectiveHistory``.
+    """
+
+    x: V
+    value: float
+    grad_norm: float
+    n_iter: int
+    n_evals: int
+    reason: str
+    objective_history: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Point:
+    """Scalars of a line-search point: step t, value, directional derivative."""
+
+    t: float
+    f: float
+    dd: float
+
+
+class _Solver(Generic[V]):
+    """State of one minimization: current point, trial point, history."""
+
+    def __init__(self, space: VecSpace, evaluate: Callable, x0: Any, m: int, l1: Any) -> None:
+        self.space, self.evaluate_fn, self.m, self.l1 = space, evaluate, m, l1
+        self.x, self.g = x0, space.new("lbfgs.g")
+        self.xt, self.gt = space.new("lbfgs.x_trial"), space.new("lbfgs.g_trial")
+        self.d = space.new("lbfgs.direction")
+        self.pg = space.new("lbfgs.pseudo_grad") if l1 is not None else None
+        self.s: list[Any] = []  # most recent first
+        self.y: list[Any] = []
+        self.rho: list[float] = []
+        self.yy0 = 1.0
+        self.n_evals = 0
+        self.f = self.adj_f = self.ft = self.adj_ft = 0.0
+        self.gnorm = 0.0
+        self.iter = 0
+
+    # ------------------------------------------------------------ evaluations
+
+    def _eval(self, x: Any, g: Any) -> float:
+        self.n_evals += 1
+        return float(self.evaluate_fn(x, g))
+
+    def start(self) -> None:
+        """Evaluate the initial point (the only evaluation outside a line search)."""
+        self.f = self._eval(self.x, self.g)
+        self.adj_f = self.f
+        if self.l1 is not None:
+            self.adj_f += self.space.apply(
+                "owlqn_pseudo_gradient", self.pg, self.x, self.g, self.l1
+            )
+        self.gnorm = self.space.nrm2(self._adjusted_grad())
+
+    def _adjusted_grad(self) -> Any:
+        return self.g if self.l1 is None else self.pg
+
+    # ------------------------------------------------------------ direction
+
+    def direction(self) -> None:
+        """``d = -H * grad`` by the two-loop recursion (breeze's ApproximateInverseHessian)."""
+        sp, d = self.space, self.d
+        sp.copy(d, self._adjusted_grad())
+        k = len(self.s)
+        diag = 1.0
+        if k:
+            sy = self.rho[0]
+            if sy < 0 or math.isnan(sy) or 0.0 in (self.yy0, *self.rho):
+                raise _StepFailure(f"unusable L-BFGS history (s'y = {sy}, y'y = {self.yy0})")
+            diag = sy / self.yy0
+        alphas = []
+        for i in range(k):
+            a = sp.dot(self.s[i], d) / self.rho[i]
+            if math.isnan(a):
+                raise _StepFailure("NaN in the L-BFGS history")
+            alphas.append(a)
+            sp.axpy(-a, self.y[i], d)
+        sp.scale(diag, d)
+        for i in range(k - 1, -1, -1):
+            beta = sp.dot(self.y[i], d) / self.rho[i]
+            sp.axpy(alphas[i] - beta, self.s[i], d)
+        sp.scale(-1.0, d)
+        if self.l1 is not None:
+            sp.apply("owlqn_constrain_direction", d, self.pg)
+
+    def reset_history(self) -> None:
+        for h in self.s + self.y:
+            self.space.release(h)
+        self.s, self.y, self.rho = [], [], []
+
+    def update_history(self) -> None:
+        """Push ``s = x_trial - x`` and ``y = g_trial - g`` (recycling the oldest pair)."""
+        sp = self.space
+        if len(self.s) == self.m:
+            s, y = self.s.pop(), self.y.pop()
+            self.rho.pop()
+        else:
+            s, y = sp.new(f"lbfgs.s{len(self.s)}"), sp.new(f"lbfgs.y{len(self.y)}")
+        sp.copy(s, self.xt)
+        sp.axpy(-1.0, self.x, s)
+        sp.copy(y, self.gt)
+        sp.axpy(-1.0, self.g, y)
+        self.s.insert(0, s)
+        self.y.insert(0, y)
+        self.rho.insert(0, sp.dot(s, y))
+        self.yy0 = sp.dot(y, y)
+
+    def accept(self) -> None:
+        """Make the trial point current (swap handles; nothing is copied)."""
+        self.x, self.xt = self.xt, self.x
+        self.g, self.gt = self.gt, self.g
+        self.f = self.ft
+        if self.l1 is None:
+            self.adj_f = self.ft
+        else:
+            self.adj_f = self.ft + self.space.apply(
+                "owlqn_pseudo_gradient", self.pg, self.x, self.g, self.l1
+            )
+        self.gnorm = self.space.nrm2(self._adjusted_grad())
+
+    # ------------------------------------------------------------ L-BFGS line search
+
+    def _phi(self, t: float) -> _Point:
+        """Evaluate at ``x + t*d`` into the trial vectors."""
+        sp = self.space
+        sp.copy(self.xt, self.x)
+        sp.axpy(t, self.d, self.xt)
+        self.ft = self._eval(self.xt, self.gt)
+        return _Point(t, self.ft, sp.dot(self.gt, self.d))
+
+    def strong_wolfe(self) -> float:
+        """breeze's StrongWolfeLineSearch (Nocedal & Wright alg. 3.5/3.6, cubic zoom)."""
+        t = 1.0
+        if self.iter == 0:
+            t = _inverse(self.space.nrm2(self.d), "search direction")
+        low = _Point(0.0, self.f, self.space.dot(self.g, self.d))
+        f0, dd0 = low.f, low.dd
+        if dd0 > 0:
+            raise _StepFailure(f"line search invoked with a non-descent direction: {dd0}")
+        for i in range(_MAX_LINE_SEARCH):
+            c = self._phi(t)
+            if math.isinf(c.f) or math.isnan(c.f):
+                t /= 2.0
+                continue
+            if c.f > f0 + _WOLFE_C1 * t * dd0 or (c.f >= low.f and i > 0):
+                return self._zoom(low, c, f0, dd0)
+            if abs(c.dd) <= _WOLFE_C2 * abs(dd0):
+                return c.t
+            if c.dd >= 0:
+                return self._zoom(c, low, f0, dd0)
+            low = c
+            t *= 1.5
+        raise _StepFailure("line search failed")
+
+    def _zoom(self, low: _Point, hi: _Point, f0: float, dd0: float) -> float:
+        for _ in range(_MAX_ZOOM):
+            t = _interp(hi, low) if low.t > hi.t else _interp(low, hi)
+            c = self._phi(t)
+            if c.f > f0 + _WOLFE_C1 * c.t * dd0 or c.f >= low.f:
+                hi = c
+            else:
+                if abs(c.dd) <= _WOLFE_C2 * abs(dd0):
+                    return c.t
+                if c.dd * (hi.t - low.t) >= 0:
+                    hi = low
+                low = c
+        raise _StepFailure("line search zoom failed")
+
+    # ------------------------------------------------------------ OWL-QN line search
+
+    def _owl_trial(self, alpha: float) -> _Point:
+        """Projected step of length ``alpha``: (alpha, adjusted value, pseudo-grad . d)."""
+        sp = self.space
+        sp.apply("owlqn_step_project", self.xt, self.x, self.d, self.pg, step=alpha)
+        self.ft = self._eval(self.xt, self.gt)
+        self.adj_ft = self.ft + sp.apply("l1_value", self.xt, self.l1)
+        dd = sp.apply("owlqn_directional_derivative", self.d, self.xt, self.gt, self.l1)
+        return _Point(alpha, self.adj_ft, dd)
+
+    def backtracking(self) -> float:
+        """breeze's BacktrackingLineSearch as OWL-QN configures it.
+
+        As in breeze, the first trial is judged with the smooth value at the
+        current point in place of its own value (only its derivative is used).
+        """
+        first = self.iter < 1
+        shrink = 0.1 if first else 0.5
+        init = 0.5 * _inverse(self.space.nrm2(self.g), "gradient") if first else 1.0
+        f0, df0 = self.adj_f, self.space.dot(self.pg, self.d)
+        cur = self._owl_trial(init)
+        cur = _Point(init, self.f, cur.dd)
+        prev_alpha = init
+        for _ in range(_BT_MAX_ITER):
+            if cur.f > f0 + cur.t * df0 * _WOLFE_C1:
+                mult = shrink
+            elif cur.dd < _WOLFE_C2 * df0:
+                mult = _BT_GROW
+            elif cur.dd > -_WOLFE_C2 * df0:
+                mult = shrink
+            else:
+                return cur.t
+            alpha = cur.t * mult
+            if alpha < _BT_MIN_ALPHA:
+                raise _StepFailure("step size underflow")
+            if alpha > _BT_MAX_ALPHA:
+                raise _StepFailure("step size overflow")
+            prev_alpha = cur.t
+            cur = self._owl_trial(alpha)
+        # Out of tries: breeze keeps the step before the last one tried.
+        self._owl_trial(prev_alpha)
+        return prev_alpha
+
+
+def _inverse(norm: float, what: str) -> float:
+    """``1 / norm`` for a first step length; a zero norm is a failed step, not a crash."""
+    if not norm > 0:
+        raise _StepFailure(f"the {what} has norm {norm}")
+    return 1.0 / norm
+
+
+def _interp(l: _Point, r: _Point) -> float:
+    """Safeguarded cubic interpolation of the minimizer between brackets ``l`` and ``r``."""
+    d1 = l.dd + r.dd - 3 * (l.f - r.f) / (l.t - r.t)
+    disc = d1 * d1 - l.dd * r.dd
+    lo, hi = l.t + 0.1 * (r.t - l.t), l.t + 0.9 * (r.t - l.t)
+    if disc < 0 or math.isnan(disc):
+        # breeze would evaluate at NaN here; the bracket midpoint is the sane choice.
+        return 0.5 * (lo + hi)
+    d2 = math.sqrt(disc)
+    t = r.t - (r.t - l.t) * (r.dd + d2 - d1) / (r.dd - l.dd + 2 * d2)
+    if t < lo:
+        return lo
+    if t > hi:
+        return hi
+    return t if not math.isnan(t) else 0.5 * (lo + hi)
+
+
+def _converged(
+    st: _Solver, fvals: list[float], f_init: float, max_iter: int, tol: float, failed: bool
+) -> str | None:
+    """breeze's defaultConvergenceCheck, in its order; None while not converged."""
+    if max_iter >= 0 and st.iter >= max_iter:
+        return "max iterations reached"
+    if len(fvals) >= 2 and abs(st.adj_f - max(fvals)) <= tol * abs(f_init):
+        return "function values converged"
+    if st.gnorm <= max(tol * abs(st.adj_f), _GRAD_FLOOR):
+        return "gradient converged"
+    if failed:
+        return "line search failed!"
+    return None
+
+
+def minimize_lbfgs(
+    space: VecSpace,
+    evaluate: Callable[[Any, Any], float],
+    x0: Any,
+    *,
+    max_iter: int,
+    tol: float,
+    m: int = 10,
+    l1: Any = None,
+    callback: Callable[[IterationInfo], None] | None = None,
+) -> MinimizeResult:
+    """Minimize ``f(x) [+ sum(l1 * |x|)]`` by L-BFGS, or OWL-QN when ``l1`` is given.
+
+    Parameters
+    ----------
+    space : VecSpace
+        Where the vectors live; only its ops are used.
+    evaluate : callable
+        ``evaluate(x, g_out) -> f``: value of the smooth part at ``x``, gradient
+        written into ``g_out``; must not modify ``x``. One distributed pass.
+    x0 : handle
+        Start point. The solver takes ownership (it becomes working storage);
+        the solution comes back as ``result.x``.
+    max_iter, tol : int, float
+        As MLlib's ``maxIter`` / ``tol`` (breeze's relative tests: the value has
+        changed by at most ``tol * |f(x0)|`` over the last 20 iterations, or the
+        (pseudo-)gradient norm is at most ``max(tol * |f|, 1e-8)``).
+    m : int
+        History size (MLlib uses 10).
+    l1 : handle, optional
+        Per-coordinate L1 weights (>= 0; 0 for unpenalized coordinates such as
+        the intercept). Switches to OWL-QN.
+    callback : callable, optional
+        Called with an :class:`IterationInfo` after every iteration.
+    """
+    if int(m) != m or m < 1:
+        raise ValueError(f"minimize_lbfgs: m must be a positive integer, got {m!r}")
+    if int(max_iter) != max_iter or max_iter < 0:
+        raise ValueError(f"minimize_lbfgs: max_iter must be an integer >= 0, got {max_iter!r}")
+    if not tol >= 0:
+        raise ValueError(f"minimize_lbfgs: tol must be >= 0, got {tol!r}")
+    st = _Solver(space, evaluate, x0, int(m), l1)
+    st.start()
+    f_init, fvals, history = st.adj_f, [math.inf], [st.adj_f]
+    failed_once = search_failed = False
+    reason = _converged(st, fvals, f_init, max_iter, tol, search_failed)
+    while reason is None:
+        step = 0.0
+        try:
+            step = _iterate(st)
+            failed_once = False
+            st.iter += 1
+            fvals = (fvals + [st.adj_f])[-_FVAL_MEMORY:]
+        except _StepFailure:
+            if failed_once:
+                search_failed = True
+            else:
+                failed_once = True
+                st.reset_history()
+        history.append(st.adj_f)
+        if callback is not None:
+            callback(IterationInfo(st.iter, st.adj_f, st.gnorm, step, st.n_evals))
+        reason = _converged(st, fvals, f_init, max_iter, tol, search_failed)
+    for h in [st.g, st.xt, st.gt, st.d] + ([st.pg] if st.pg is not None else []):
+        space.release(h)
+    st.reset_history()
+    return MinimizeResult(st.x, st.adj_f, st.gnorm, st.iter, st.n_evals, reason, history)
+
+
+def _iterate(st: _Solver) -> float:
+    """One quasi-Newton step: direction, line search, history; returns the step length."""
+    st.direction()
+    if st.l1 is None:
+        step = st.strong_wolfe()
+        if step * st.gnorm < 1e-10:  # gnorm is |g| for L-BFGS
+            raise _StepFailure("step size underflow")
+    else:
+        step = st.backtracking()
+    st.update_history()
+    st.accept()
+    return step
