@@ -203,13 +203,14 @@ def vector_op(request: pb.VectorOpRequest, tensors: list[Tensor]) -> float:
     elif op == "sum":
         return float(arrs[0].sum())
     else:
-        from ps_server.functions.vector import KERNELS
+        from ps_server.functions import stats, vector
 
-        kernel = KERNELS.get(request.kernel)
+        kernels = {**vector.KERNELS, **stats.KERNELS}
+        kernel = kernels.get(request.kernel)
         if kernel is None:
             raise RequestError(
                 "INVALID_ARGUMENT",
-                f"unknown kernel {request.kernel!r} (known: {', '.join(sorted(KERNELS))})",
+                f"unknown kernel {request.kernel!r} (known: {', '.join(sorted(kernels))})",
             )
         return float(kernel(*arrs, **dict(request.kwargs)))
     return 0.0

@@ -17,6 +17,7 @@ the model exactly as a clean run would.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -57,6 +58,13 @@ class WorkerContext:
 
     def contribute(self, round_: int, values) -> None:
         """This partition's scalars for `round_` (a retry replaces them)."""
+        fault = self.state.get("_fault")
+        if fault and fault["part"] == self.part and not os.path.exists(fault["marker"]):
+            open(fault["marker"], "w").close()
+            raise RuntimeError(
+                f"injected failure of partition {self.part} in round {round_}, "
+                "after its pushes and before its contribution"
+            )
         self.client.contribute(f"{self.topic}/out", round_, self.part, np.asarray(values))
 
 
@@ -84,6 +92,7 @@ def run_worker_loop(
             handler = handlers.get(op)
             if handler is None:
                 raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
+            ctx.state["_fault"] = cmd.get("_fault")
             handler(ctx, round_, cmd)
             last = round_
         rows = int(ctx.state.get("rows", 0))
@@ -92,6 +101,21 @@ def run_worker_loop(
         )
 
     return task
+
+
+_FAULTS: dict[str, dict] = {}
+
+
+def inject_failure_once(op: str, nth: int, part: int, marker: str) -> None:
+    """Chaos hook for tests: partition `part` dies once in the `nth` (0-based) `op` round
+    of the next fits, after its pushes and before its contribution. `marker` is a file
+    path that records the failure (so the retried attempt goes on); clear with
+    `clear_failures()`."""
+    _FAULTS[op] = {"count": nth, "part": part, "marker": marker}
+
+
+def clear_failures() -> None:
+    _FAULTS.clear()
 
 
 class PSJob:
@@ -127,6 +151,11 @@ class PSJob:
     def command(self, op: str, **payload) -> int:
         """Post a command for every worker; returns its round."""
         self.round += 1
+        fault = _FAULTS.get(op)
+        if fault is not None and fault["count"] == 0:
+            payload["_fault"] = fault
+        if fault is not None:
+            fault["count"] -= 1
         self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
         return self.round
 

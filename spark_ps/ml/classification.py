@@ -1,0 +1,20 @@
+"""Drop-in replacements for `pyspark.ml.classification`, trained on the parameter server.
+
+Change ``from pyspark.ml.classification import LogisticRegression`` to
+``from spark_ps.ml.classification import LogisticRegression``; nothing else changes.
+"""
+
+from spark_ps.ml.lr import distributed as _lbfgs  # noqa: F401 - registers the lbfgs trainer
+from spark_ps.ml.lr.estimator import LogisticRegression
+from spark_ps.ml.lr.model import LogisticRegressionModel
+from spark_ps.ml.lr.summary import (
+    BinaryLogisticRegressionSummary,
+    BinaryLogisticRegressionTrainingSummary,
+)
+
+__all__ = [
+    "LogisticRegression",
+    "LogisticRegressionModel",
+    "BinaryLogisticRegressionSummary",
+    "BinaryLogisticRegressionTrainingSummary",
+]
