@@ -148,7 +148,7 @@ def test_split_thresholds_follow_mllib_choice(max_bins):
     few = binning.split_thresholds(binning.summarize(X[:, :1], None, weight_exp=40), 32)[0]
     assert np.array_equal(few, [0.5, 1.5, 2.5, 3.5, 4.5])  # midpoints of distinct values
     with pytest.raises(ValueError, match="maxBins"):
-        binning.split_thresholds(binning.summarize(X, None, weight_exp=40), 1)
+        binning.split_thresholds(binning.summarize(X, None, weight_exp=40), 0)
 
 
 def test_bin_matrix_semantics_and_dtype():
@@ -564,6 +564,27 @@ def test_early_stopping_follows_mllib_rule_and_params_are_validated():
         local.features_per_node(s, 10)
         for s in ("auto", "sqrt", "log2", "onethird", "3", "0.25", "1.0")
     ] == [10, 4, 4, 4, 3, 3, 10]
+
+
+def test_degenerate_inputs_give_mllib_leaves():
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(200, 3))
+    y = X[:, 0] + rng.normal(size=200)
+    trees, _, _ = local.fit_gbt_local(X[:1], y[:1], None, {"maxIter": 2})  # one row
+    assert trees[0].num_nodes == 1 and trees[0].value[0] == y[0] and trees[0].impurity[0] == -1
+    const = np.ones((200, 3))  # no candidate split at all: MLlib's invalid leaf, impurity -1
+    trees, _, _ = local.fit_gbt_local(const, y, None, {"maxIter": 1})
+    assert trees[0].num_nodes == 1 and trees[0].impurity[0] == -1.0
+    assert np.isclose(trees[0].value[0], y.mean(), rtol=1e-12)
+    trees, _, _ = local.fit_gbt_local(X, y, None, {"maxIter": 1, "maxDepth": 0})
+    assert trees[0].num_nodes == 1 and np.isclose(trees[0].impurity[0], y.var(), rtol=1e-9)
+    same = np.ones(200)  # one class only: pure root, gain 0, a valid leaf
+    trees, _, _ = local.fit_gbt_local(X, same, None, {"maxIter": 2, "lossType": "logistic"})
+    assert trees[0].num_nodes == 1 and trees[0].value[0] == 1.0 and trees[0].impurity[0] == 0.0
+    w = np.where(np.arange(200) < 100, 0.0, 1.0)  # zero weights: rows count, weigh nothing
+    trees, _, _ = local.fit_gbt_local(X, y, w, {"maxIter": 1, "maxDepth": 2})
+    assert np.isclose(trees[0].value[0], y[100:].mean(), rtol=1e-12)
+    assert trees[0].count[0] == 100.0 and trees[0].raw_count[0] == 200
 
 
 # ---------------------------------------------------------------- MLlib parity

@@ -261,8 +261,8 @@ def split_thresholds(sketch: QuantileSketch, max_bins: int) -> list[np.ndarray]:
     walk over the weighted value counts towards equal-weight quantiles. Pass
     ``min(maxBins, number of training rows)`` as MLlib's metadata does.
     """
-    if int(max_bins) < 2:
-        raise ValueError(f"maxBins must be >= 2, got {max_bins}")
+    if int(max_bins) < 1:  # 1 only when training on a single row (MLlib: min(maxBins, n))
+        raise ValueError(f"maxBins must be >= 1, got {max_bins}")
     out = []
     for j in range(sketch.num_features):  # loop over features
         vals, wts, cnts = sketch.feature(j)
@@ -285,8 +285,8 @@ def bin_matrix(X: np.ndarray, thresholds: list[np.ndarray]) -> np.ndarray:
         raise ValueError(f"{n_bins} bins do not fit uint16; lower maxBins")
     dtype = np.uint8 if n_bins <= 256 else np.uint16
     out = np.empty(X.shape, dtype=dtype, order="F")
-    for j, thr in enumerate(thresholds):
-        out[:, j] = np.searchsorted(thr, X[:, j], side="left")
+    for j, thr in enumerate(thresholds):  # contiguous needles search ~2x faster
+        out[:, j] = np.searchsorted(thr, np.ascontiguousarray(X[:, j]), side="left")
     return out
 
 

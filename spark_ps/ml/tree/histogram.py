@@ -157,14 +157,15 @@ def build_histograms(
     rows = np.flatnonzero(slot_of_row >= 0)
     if rows.size and slot_of_row[rows].max() >= n_slots:
         raise ValueError(f"slot_of_row has a slot >= n_slots={n_slots}")
+    every_row = rows.size == n
     base = slot_of_row[rows].astype(np.intp) * n_bins
-    q = row_stats[:, rows]
+    q = row_stats if every_row else row_stats[:, rows]
     size = n_slots * n_bins
     hist = np.zeros((n_slots, f, n_bins, 4), dtype=np.int64)
     acc = np.zeros(size, dtype=np.int64)
     first = STAT_SUM if unit_weight is not None else STAT_WEIGHT
     for j in range(f):
-        col = bins[rows, j] if rows.size < n else bins[:, j]
+        col = bins[:, j] if every_row else bins[rows, j]
         idx = base + col
         if idx.size and int(col.max()) >= n_bins:
             raise ValueError(f"feature {j} has bin {int(col.max())} >= n_bins={n_bins}")
