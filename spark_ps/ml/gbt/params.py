@@ -1,0 +1,155 @@
+"""Params of spark-ps's GBTClassifier / GBTRegressor and their models.
+
+The Params are pyspark's own classes (``_GBTClassifierParams``, ``_GBTRegressorParams`` and the
+shared ``HasX`` mixins), so names, docs, defaults and type converters are MLlib's by
+construction; spark-ps only *adds* Params (``numWorkers``). Value checks live in one
+``_validate_params()`` that runs first in ``fit`` and names the Param and the value, because
+pyspark's Python Params do no range checking and the JVM that normally does is not involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pyspark.ml.base import _PredictorParams
+from pyspark.ml.classification import _GBTClassifierParams as _MLlibGBTClassifierParams
+from pyspark.ml.classification import _ProbabilisticClassifierParams
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.regression import _GBTRegressorParams as _MLlibGBTRegressorParams
+from pyspark.ml.tree import _TreeEnsembleParams
+
+__all__ = [
+    "HasNumWorkers",
+    "GBTClassifierParams",
+    "GBTRegressorParams",
+    "NOT_APPLICABLE_PARAMS",
+]
+
+#: MLlib memory/caching hints that have no meaning here: histograms live on the PS shards and each
+#: worker keeps its rows' node ids in memory, so there is no node-id RDD to cache or checkpoint and
+#: no driver-side aggregation buffer to size. They are accepted (so MLlib code runs unchanged) and
+#: ignored.
+NOT_APPLICABLE_PARAMS: tuple[str, ...] = ("maxMemoryInMB", "cacheNodeIds", "checkpointInterval")
+
+
+class HasNumWorkers(Params):
+    """Mixin for the spark-ps Param ``numWorkers`` (an addition; MLlib has no such Param)."""
+
+    numWorkers: Param[int] = Param(
+        Params._dummy(),
+        "numWorkers",
+        "Number of PS workers (Spark tasks) that stream the training data; 0 means one per "
+        "task slot of the cluster (sparkContext.defaultParallelism). (>= 0)",
+        typeConverter=TypeConverters.toInt,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(numWorkers=0)
+
+    def getNumWorkers(self) -> int:
+        """Gets the value of numWorkers or its default value."""
+        return self.getOrDefault(self.numWorkers)
+
+
+def _is_feature_subset_strategy(value: str) -> bool:
+    """MLlib's rule: a named strategy, an integer n > 0, or a fraction in (0, 1]."""
+    if value.lower() in _TreeEnsembleParams.supportedFeatureSubsetStrategies:
+        return True
+    try:
+        return int(value) > 0
+    except ValueError:
+        pass
+    try:
+        return 0.0 < float(value) <= 1.0
+    except ValueError:
+        return False
+
+
+def _thresholds_ok(t: list[float]) -> bool:
+    return all(x >= 0 for x in t) and sum(1 for x in t if x == 0) <= 1
+
+
+# (param name, predicate on the value, human description of the valid range); MLlib's validators.
+_RULES: tuple[tuple[str, Any, str], ...] = (
+    ("maxDepth", lambda v: 0 <= v <= 30, "must be in range [0, 30]"),
+    ("maxBins", lambda v: v >= 2, "must be >= 2"),
+    ("minInstancesPerNode", lambda v: v >= 1, "must be >= 1"),
+    ("minInfoGain", lambda v: v >= 0.0, "must be >= 0"),
+    ("minWeightFractionPerNode", lambda v: 0.0 <= v < 0.5, "must be in range [0, 0.5)"),
+    ("maxMemoryInMB", lambda v: v >= 0, "must be >= 0"),
+    ("checkpointInterval", lambda v: v == -1 or v >= 1, "must be -1 or >= 1"),
+    ("maxIter", lambda v: v >= 1, "must be >= 1 (a GBT model needs at least one tree)"),
+    ("stepSize", lambda v: 0.0 < v <= 1.0, "must be in range (0, 1]"),
+    ("subsamplingRate", lambda v: 0.0 < v <= 1.0, "must be in range (0, 1]"),
+    ("validationTol", lambda v: v >= 0.0, "must be >= 0"),
+    (
+        "featureSubsetStrategy",
+        _is_feature_subset_strategy,
+        "supported: auto, all, onethird, sqrt, log2, a fraction in (0, 1] or an integer n >= 1",
+    ),
+    ("impurity", lambda v: v.lower() == "variance", "supported: variance"),
+    ("numWorkers", lambda v: v >= 0, "must be >= 0"),
+    ("thresholds", _thresholds_ok, "must be >= 0 with at most one 0"),
+)
+
+
+class _GBTValidation(Params):
+    """One place for the range checks of every GBT Param (MLlib's ``ParamValidators``)."""
+
+    supportedLossTypes: list[str]
+
+    def _validate_params(self) -> None:
+        """Raise ValueError naming the first Param whose value MLlib would reject.
+
+        The wording follows MLlib's ``"<uid> parameter <name> given invalid value <value>."``
+        and adds the valid range.
+        """
+        for name, ok, why in _RULES:
+            if self.hasParam(name) and self.isDefined(name):
+                value = self.getOrDefault(name)
+                if not ok(value):
+                    raise ValueError(
+                        f"{self.uid} parameter {name} given invalid value {value!r}: {why}."
+                    )
+        loss = self.getOrDefault("lossType")
+        if loss.lower() not in self.supportedLossTypes:
+            raise ValueError(
+                f"{self.uid} parameter lossType given invalid value {loss!r}: supported: "
+                f"{', '.join(self.supportedLossTypes)} (case-insensitive)."
+            )
+
+    def _check_unsupported(self, unsupported: Iterable[str], by: str) -> None:
+        """Fail loudly when a Param the trainer does not honour is set away from its default."""
+        for name in unsupported:
+            if not self.hasParam(name) or not self.isSet(name):
+                continue
+            value = self.getOrDefault(name)
+            default = self._defaultParamMap.get(self.getParam(name))
+            if value != default:
+                raise ValueError(
+                    f"{self.uid} parameter {name}={value!r} is not supported by {by}; "
+                    f"leave it at its default {default!r}."
+                )
+
+
+class GBTClassifierParams(
+    _ProbabilisticClassifierParams, _MLlibGBTClassifierParams, HasNumWorkers, _GBTValidation
+):
+    """Params of :class:`GBTClassifier` and :class:`GBTClassificationModel`.
+
+    Exactly MLlib's GBTClassifier Params (same names, docs, defaults and converters) plus
+    ``numWorkers``. ``maxMemoryInMB``, ``cacheNodeIds`` and ``checkpointInterval`` are accepted and
+    ignored: the PS keeps the histograms and every worker keeps its rows' node ids, so there is
+    nothing to size, cache or checkpoint.
+    """
+
+
+class GBTRegressorParams(_PredictorParams, _MLlibGBTRegressorParams, HasNumWorkers, _GBTValidation):
+    """Params of :class:`GBTRegressor` and :class:`GBTRegressionModel`.
+
+    Exactly MLlib's GBTRegressor Params plus ``numWorkers``; ``maxMemoryInMB``, ``cacheNodeIds``
+    and ``checkpointInterval`` are accepted and ignored (not applicable to the PS, see
+    :class:`GBTClassifierParams`).
+    """
