@@ -199,8 +199,10 @@ class _EnsembleState:
 def _leaf_batches(spec: tuple, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: append MLlib's leaf indices (list<double>, one per tree)."""
     state, leaf_index, features_col, num_features, leaf_col = spec
+    row_offset = 0
     for batch in batches:
-        csr = arrow_to_csr(batch, features_col, num_features=num_features)
+        csr = arrow_to_csr(batch, features_col, num_features=num_features, row_offset=row_offset)
+        row_offset += batch.num_rows
         nodes = state.leaf_nodes(csr)
         leaves = np.empty(nodes.shape, dtype=np.float64)
         for t, index in enumerate(leaf_index):
@@ -217,11 +219,13 @@ def _error_batches(spec: tuple, batches: Iterator[pa.RecordBatch]) -> Iterator[p
     """mapInArrow body: per batch, weighted loss sums after each iteration and the weight sum."""
     state, loss_type, features_col, label_col, weight_col, num_features = spec
     loss = get_loss(loss_type)
+    row_offset = 0
     for batch in batches:
         csr = arrow_to_csr(
             batch, features_col, label_col=label_col, weight_col=weight_col,
-            num_features=num_features,
+            num_features=num_features, row_offset=row_offset,
         )  # fmt: skip
+        row_offset += batch.num_rows
         labels = csr.labels
         if loss.is_classification:
             labels = labels * 2.0 - 1.0
