@@ -133,7 +133,8 @@ def _ours_like(mllib_model) -> LogisticRegressionModel:
 
 
 def _collect(df, cols):
-    rows = df.orderBy("id").select(*cols).collect()
+    """Columns ``cols`` as lists ordered by ``id`` (sorted locally: no extra Spark job)."""
+    rows = sorted(df.select("id", *cols).collect(), key=lambda r: r["id"])
     return [[r[c] for r in rows] for c in cols]
 
 
@@ -229,6 +230,8 @@ def test_unsupported_settings_fail_at_fit(spark, data, local_lbfgs):
     bounds = DenseMatrix(1, NUM_FEATURES, [0.0] * NUM_FEATURES)
     with pytest.raises(NotImplementedError, match="lowerBoundsOnCoefficients"):
         LogisticRegression(lowerBoundsOnCoefficients=bounds).fit(data)
+    with pytest.raises(ValueError, match="numClasses=2 .* thresholds has length 3"):
+        LogisticRegression(thresholds=[0.2, 0.3, 0.5]).fit(data)
     three = data.withColumn("label", F.when(F.col("id") == 3, 2.0).otherwise(F.col("label")))
     with pytest.raises(NotImplementedError, match="multiclass labels"):
         LogisticRegression().fit(three)
@@ -273,29 +276,40 @@ def test_transform_equals_mllib_for_same_coefficients(data, mllib_model):
     assert mine[3] == theirs[3] and mine[4] == theirs[4]
 
 
-@pytest.mark.parametrize(
-    "setup",
-    [
-        {"threshold": 0.3},
-        {"thresholds": [0.35, 0.65]},
-        {"threshold": 0.0},
-        {"threshold": 0.6, "rawPredictionCol": ""},
-        {"threshold": 0.45, "rawPredictionCol": "", "probabilityCol": ""},
-        {"predictionCol": "", "probabilityCol": "p"},
-    ],
-)
-def test_thresholds_and_empty_output_cols_like_mllib(data, mllib_model, setup):
-    theirs_model, ours = mllib_model.copy(), _ours_like(mllib_model)
-    for name, value in setup.items():
-        setter = "set" + name[0].upper() + name[1:]
-        getattr(theirs_model, setter)(value)
-        getattr(ours, setter)(value)
-    theirs_df, ours_df = theirs_model.transform(data), ours.transform(data)
+_OUTPUT_SETUPS = [
+    {"threshold": 0.3},
+    {"thresholds": [0.35, 0.65]},
+    {"threshold": 0.0},
+    {"threshold": 0.6, "rawPredictionCol": ""},
+    {"threshold": 0.45, "rawPredictionCol": "", "probabilityCol": ""},
+    {"predictionCol": "", "probabilityCol": "p"},
+]
+
+
+def _configured(model, i, setup):
+    """A copy of ``model`` with ``setup`` applied and its output columns suffixed ``_i``."""
+    model = model.copy()
+    for col in ("rawPredictionCol", "probabilityCol", "predictionCol"):
+        name = setup.get(col, model.getOrDefault(col))
+        model.set(model.getParam(col), f"{name}_{i}" if name else "")
+    for name in ("threshold", "thresholds"):
+        if name in setup:
+            getattr(model, "set" + name[0].upper() + name[1:])(setup[name])
+    return model
+
+
+def test_thresholds_and_empty_output_cols_like_mllib(data, mllib_model):
+    theirs_df = ours_df = data
+    ours_base = _ours_like(mllib_model)
+    for i, setup in enumerate(_OUTPUT_SETUPS):  # chained: one Spark job per side
+        theirs_df = _configured(mllib_model, i, setup).transform(theirs_df)
+        ours_df = _configured(ours_base, i, setup).transform(ours_df)
     assert ours_df.columns == theirs_df.columns
     new = [c for c in ours_df.columns if c not in data.columns]
+    assert len(new) == 14 and "prediction_5" not in new and "p_5" in new
     theirs, mine = _collect(theirs_df, new), _collect(ours_df, new)
     for name, a, b in zip(new, mine, theirs, strict=True):
-        if name == setup.get("predictionCol", "prediction"):
+        if name.startswith("prediction"):
             assert a == b, name
         else:
             np.testing.assert_allclose(_vectors(a), _vectors(b), rtol=0, atol=1e-12)

@@ -228,22 +228,30 @@ def _list_array(matrix: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(matrix).ravel()))
 
 
-def _batch_csr(spec: _OutputSpec, batch: pa.RecordBatch) -> CSRBatch:
-    ctx = TaskContext.get()
-    try:
-        return arrow_to_csr(
-            batch, spec.features_col, values_col=spec.values_col, num_features=spec.num_features
-        )
-    except ValueError as err:
-        where = f" (partition {ctx.partitionId()})" if ctx is not None else ""
-        raise ValueError(f"{err}{where}") from err
+def _partition_csrs(spec: _OutputSpec, batches: Iterator[pa.RecordBatch]):
+    """(batch, CSRBatch) pairs; errors name the row within the partition and the partition."""
+    row_offset = 0
+    for batch in batches:
+        try:
+            csr = arrow_to_csr(
+                batch,
+                spec.features_col,
+                values_col=spec.values_col,
+                num_features=spec.num_features,
+                row_offset=row_offset,
+            )
+        except ValueError as err:
+            ctx = TaskContext.get()
+            where = f" (partition {ctx.partitionId()})" if ctx is not None else ""
+            raise ValueError(f"{err}{where}") from err
+        row_offset += batch.num_rows
+        yield batch, csr
 
 
 def _score_classifier(payload: tuple, batches: Iterator[pa.RecordBatch]):
     """mapInArrow body: append raw/probability (list<double>) and prediction columns."""
     cls, state, rule, spec = payload
-    for batch in batches:
-        csr = _batch_csr(spec, batch)
+    for batch, csr in _partition_csrs(spec, batches):
         arrays, names = list(batch.columns), list(batch.schema.names)
         raw = prob = None
         if spec.raw_col or spec.prob_col:
@@ -271,8 +279,8 @@ def _score_classifier(payload: tuple, batches: Iterator[pa.RecordBatch]):
 def _score_regressor(payload: tuple, batches: Iterator[pa.RecordBatch]):
     """mapInArrow body: append the prediction column."""
     cls, state, spec = payload
-    for batch in batches:
-        pred = cls._predict_values(state, _batch_csr(spec, batch))
+    for batch, csr in _partition_csrs(spec, batches):
+        pred = cls._predict_values(state, csr)
         arrays = [*batch.columns, pa.array(np.asarray(pred, dtype=np.float64))]
         yield pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, spec.pred_col])
 

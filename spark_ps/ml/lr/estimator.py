@@ -299,9 +299,7 @@ class LogisticRegression(
         )
         model._resetUid(self.uid)
         self._copyValues(model)
-        model._summary = model._make_summary(
-            dataset, result.objective_history, result.total_iterations
-        )
+        model._set_training_summary(dataset, result.objective_history, result.total_iterations)
         return model
 
     def _check_labels(self, dataset: DataFrame) -> None:

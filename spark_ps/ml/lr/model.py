@@ -53,6 +53,9 @@ class LogisticRegressionModel(
         self._keys: np.ndarray | None = None
         self._num_features = 0
         self._intercept = 0.0
+        # (training dataset, objective history, iterations): the training summary is built on
+        # first access, so a fit never pickles a large model into a plan nobody reads.
+        self._training: tuple[DataFrame, Sequence[float], int] | None = None
         self._summary: LogisticRegressionSummary | None = None
 
     # ------------------------------------------------------------------ construction
@@ -243,14 +246,23 @@ class LogisticRegressionModel(
     @property
     def hasSummary(self) -> bool:
         """Whether a training summary exists for this model instance."""
-        return self._summary is not None
+        return self._training is not None
 
     @property
     def summary(self) -> LogisticRegressionSummary:
         """Summary of the model on its training set; RuntimeError if there is none."""
-        if self._summary is None:
+        if self._training is None:
             raise RuntimeError(f"No training summary available for this {type(self).__name__}")
+        if self._summary is None:
+            self._summary = self._make_summary(*self._training)
         return self._summary
+
+    def _set_training_summary(
+        self, dataset: DataFrame, objective_history: Sequence[float], total_iterations: int
+    ) -> None:
+        """Record what the training summary is built from (MLlib's ``setSummary``)."""
+        self._training = (dataset, list(objective_history), int(total_iterations))
+        self._summary = None
 
     def evaluate(self, dataset: DataFrame) -> LogisticRegressionSummary:
         """Evaluates the model on a test dataset (MLlib's summary and metrics)."""

@@ -179,6 +179,12 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize):
                 f"{self.uid}: family='multinomial' is not supported by spark-ps "
                 "LogisticRegression; use family 'auto' or 'binomial' with 0/1 labels."
             )
+        if self.isDefined(self.thresholds) and len(self.getOrDefault(self.thresholds)) != 2:
+            raise ValueError(
+                f"LogisticRegression.train() called with non-matching numClasses and "
+                f"thresholds.length. numClasses=2 (spark-ps fits binomial models), but "
+                f"thresholds has length {len(self.getOrDefault(self.thresholds))}"
+            )
         for name in _BOUND_PARAMS:
             if self.isSet(self.getParam(name)):
                 raise NotImplementedError(
