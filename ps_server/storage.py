@@ -231,8 +231,10 @@ class Store(ABC):
             raise ValueError(f"{type(self).__name__}: cols must be >= 1, got {cols}")
         self.cols = int(cols)
         self.dtype = np.dtype(dtype)
-        if self.dtype.kind != "f":
-            raise TypeError(f"{type(self).__name__}: dtype must be floating, got {self.dtype}")
+        if self.dtype.kind != "f" and self.dtype != np.int64:
+            raise TypeError(
+                f"{type(self).__name__}: dtype must be floating or int64, got {self.dtype}"
+            )
         self._slots: dict[str, np.ndarray] = {}
         self._fills: dict[str, float] = {}
 

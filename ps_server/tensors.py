@@ -18,7 +18,7 @@ from ps_server.wire import RequestError
 
 __all__ = ["Tensor", "spec_from_state", "VALUE_DTYPES"]
 
-VALUE_DTYPES = ("float64", "float32")
+VALUE_DTYPES = ("float64", "float32", "int64")  # int64: exact sums (histograms, counts)
 _INITS = ("zeros", "normal", "uniform")
 
 
@@ -36,6 +36,8 @@ def _check_spec(spec: pb.ModelSpec) -> None:
         raise RequestError("INVALID_ARGUMENT", f"{where}: dtype {spec.dtype!r} {VALUE_DTYPES}")
     if spec.init and spec.init not in _INITS:
         raise RequestError("INVALID_ARGUMENT", f"{where}: init {spec.init!r} not in {_INITS}")
+    if spec.optimizer and spec.dtype == "int64":
+        raise RequestError("INVALID_ARGUMENT", f"{where}: an int64 tensor cannot have an optimizer")
     if spec.optimizer and spec.optimizer not in OPTIMIZERS:
         raise RequestError(
             "INVALID_ARGUMENT",
@@ -105,10 +107,13 @@ class Tensor:
 
     def check_values(self, values: np.ndarray, n: int, what: str) -> np.ndarray:
         cols = self.spec.cols
-        if values.dtype.name not in VALUE_DTYPES:
+        if values.dtype.name not in VALUE_DTYPES or (
+            (values.dtype.kind == "i") != (self.store.dtype.kind == "i")
+        ):
             raise RequestError(
                 "INVALID_ARGUMENT",
-                f"{what}: values dtype {values.dtype.name} (expected float64 or float32)",
+                f"{what}: values dtype {values.dtype.name} does not fit {self.where} "
+                f"(dtype {self.spec.dtype})",
             )
         if values.ndim == 1 and cols == 1:
             values = values.reshape(-1, 1)
@@ -208,8 +213,9 @@ class Tensor:
 
     def _combine_dense(self, entries, how: str) -> tuple[np.ndarray, np.ndarray]:
         n, off = self.spec.length, self.spec.offset
-        init = -np.inf if how == "max" else 0.0
-        buf = np.full((n, self.spec.cols), init)
+        dtype = self.store.dtype
+        init = (np.iinfo(dtype).min if dtype.kind == "i" else -np.inf) if how == "max" else 0
+        buf = np.full((n, self.spec.cols), init, dtype=dtype)
         touched = np.zeros(n, dtype=bool)
         for keys, values in entries:
             rows = keys - off

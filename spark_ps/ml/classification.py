@@ -4,6 +4,9 @@ Change ``from pyspark.ml.classification import LogisticRegression`` to
 ``from spark_ps.ml.classification import LogisticRegression``; nothing else changes.
 """
 
+from spark_ps.ml.gbt import distributed as _gbt  # noqa: F401 - registers the GBT trainer
+from spark_ps.ml.gbt.estimator import GBTClassifier
+from spark_ps.ml.gbt.model import GBTClassificationModel
 from spark_ps.ml.lr import distributed as _lbfgs  # noqa: F401 - registers the lbfgs trainer
 from spark_ps.ml.lr.estimator import LogisticRegression
 from spark_ps.ml.lr.model import LogisticRegressionModel
@@ -13,6 +16,8 @@ from spark_ps.ml.lr.summary import (
 )
 
 __all__ = [
+    "GBTClassifier",
+    "GBTClassificationModel",
     "LogisticRegression",
     "LogisticRegressionModel",
     "BinaryLogisticRegressionSummary",
