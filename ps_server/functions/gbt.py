@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["SPLIT_DTYPE", "best_splits", "merge_best"]
+__all__ = ["SPLIT_DTYPE", "best_splits", "derive_children", "merge_best"]
 
 SPLIT_DTYPE = np.dtype(
     [
@@ -168,3 +168,24 @@ def merge_best(per_shard_results: Sequence[np.ndarray]) -> np.ndarray:
     feat_key = np.where(stacked["feature"] < 0, big, stacked["feature"].astype(np.int64))
     order = np.lexsort((feat_key, -stacked["gain"]), axis=-1)
     return stacked[np.arange(shape[0]), order[:, 0]]
+
+
+def derive_children(
+    parent_hist: np.ndarray, small_hist: np.ndarray, small_is_left: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(left, right) child histograms from the parents' and the smaller children's histograms.
+
+    The sibling is parent minus child, exact in int64, so workers only scan the rows of the
+    smaller child of each split; a shard keeps the parents' histograms of its features and
+    derives the siblings itself.
+    """
+    parent_hist = np.asarray(parent_hist)
+    small_hist = np.asarray(small_hist)
+    if parent_hist.shape != small_hist.shape:
+        raise ValueError(f"parent {parent_hist.shape} and child {small_hist.shape} shapes differ")
+    small_is_left = np.asarray(small_is_left, dtype=bool)
+    if small_is_left.shape != parent_hist.shape[:1]:
+        raise ValueError(f"small_is_left needs shape ({parent_hist.shape[0]},)")
+    big = parent_hist - small_hist
+    pick = small_is_left[:, None, None, None]
+    return np.where(pick, small_hist, big), np.where(pick, big, small_hist)

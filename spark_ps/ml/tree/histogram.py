@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ps_server.functions.gbt import derive_children  # numpy-only; shards subtract too
+
 __all__ = [
     "FixedPointScale",
     "STAT_COUNT",
@@ -165,7 +167,7 @@ def build_histograms(
     acc = np.zeros(size, dtype=np.int64)
     first = STAT_SUM if unit_weight is not None else STAT_WEIGHT
     for j in range(f):
-        col = bins[:, j] if every_row else bins[rows, j]
+        col = bins[:, j] if every_row else bins[:, j][rows]  # 1-D take: 2x faster
         idx = base + col
         if idx.size and int(col.max()) >= n_bins:
             raise ValueError(f"feature {j} has bin {int(col.max())} >= n_bins={n_bins}")
@@ -178,24 +180,6 @@ def build_histograms(
             np.add.at(acc, idx, q[k - 1])  # exact int64 accumulation (bincount is float-only)
             hist[:, j, :, k] = acc.reshape(n_slots, n_bins)
     return hist
-
-
-def derive_children(
-    parent_hist: np.ndarray, small_hist: np.ndarray, small_is_left: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(left, right) child histograms from the parents' and the smaller children's histograms.
-
-    The sibling is parent minus child, exact in integers, so only the smaller child of each
-    split needs a pass over rows.
-    """
-    if parent_hist.shape != small_hist.shape:
-        raise ValueError(f"parent {parent_hist.shape} and child {small_hist.shape} shapes differ")
-    small_is_left = np.asarray(small_is_left, dtype=bool)
-    if small_is_left.shape != parent_hist.shape[:1]:
-        raise ValueError(f"small_is_left needs shape ({parent_hist.shape[0]},)")
-    big = parent_hist - small_hist
-    pick = small_is_left[:, None, None, None]
-    return np.where(pick, small_hist, big), np.where(pick, big, small_hist)
 
 
 def node_totals(hist: np.ndarray) -> np.ndarray:

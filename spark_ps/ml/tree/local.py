@@ -9,6 +9,20 @@ limit" for benchmarks. Roles map onto the PS design:
   workers' per-layer work over their rows.
 * :func:`~ps_server.functions.gbt.best_splits` is the shards' split finding.
 
+One tree, distributed (what :func:`grow_tree` does in one process):
+
+1. workers compute their rows' targets and report min/max target and max weight; the
+   driver calls ``choose_scale`` and workers ``quantize_rows`` (once per tree);
+2. per layer, the driver's ``histogram_plan()`` names the nodes whose rows are scanned;
+   workers map ``slot_of_node[node_of_row]`` (-1 for rows left out by subsampling), run
+   ``build_histograms`` and push them, keyed by partition, to the shards owning each
+   feature range; sums are exact, so arrival order does not matter;
+3. shards ``derive_children`` from the parents' histograms they kept and run
+   ``best_splits`` with the driver's ``feature_mask`` columns for their range; the driver
+   ``merge_best``-s the shard answers and calls ``apply``;
+4. workers ``route_rows`` with ``builder.routing()``; after the last layer every row sits in
+   a leaf and adds ``node_values()[leaf] * treeWeight`` to its prediction.
+
 MLlib semantics mirrored (``GradientBoostedTrees.boost``, ``RandomForest``): classification
 maps labels to {-1, +1}; tree 0 is fit to the labels with weight 1.0, tree m to
 ``-gradient`` with weight ``stepSize`` and seed ``seed + m``; trees are Variance regression
