@@ -83,6 +83,11 @@ def run_worker_loop(
         tc = BarrierTaskContext.get()
         ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber())
         setup(batches, ctx)
+        recover = handlers.get("recover")
+        if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
+            state = _latest(ctx.client, f"{topic}/state")
+            if state is not None:
+                recover(ctx, state)
         last = -1
         while True:
             round_, cmd = ctx.client.wait(f"{topic}/cmd", last + 1, timeout=3600)
@@ -118,6 +123,16 @@ def clear_failures() -> None:
     _FAULTS.clear()
 
 
+def _latest(client, topic: str) -> dict | None:
+    """The latest payload posted on `topic`, or None if nothing was posted yet."""
+    try:
+        return client.wait(topic, 0, timeout=0.05)[1]
+    except Exception as e:  # noqa: BLE001 - nothing posted: the wait timed out
+        if "timed out" in str(e):
+            return None
+        raise
+
+
 class PSJob:
     """Driver side of one fit: launch the barrier job, post commands, collect answers."""
 
@@ -125,6 +140,7 @@ class PSJob:
         self.ps, self.num_workers, self.name = ps, num_workers, name
         self.topic = f"job-{uuid.uuid4().hex[:12]}"
         self.round = 0
+        self._state_round = 0
         self.error: BaseException | None = None
         self.result: list | None = None
         fn = run_worker_loop(ps.address, ps.token, self.topic, setup, handlers)
@@ -158,6 +174,11 @@ class PSJob:
             fault["count"] -= 1
         self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
         return self.round
+
+    def post_state(self, state: dict) -> None:
+        """What a retried task needs to rebuild its memory (handed to the `recover` handler)."""
+        self._state_round += 1
+        self.ps.client.post(f"{self.topic}/state", self._state_round, state)
 
     def collect(self, round_: int) -> np.ndarray:
         """Sum of all partitions' scalars for `round_`; raises if the Spark job died."""

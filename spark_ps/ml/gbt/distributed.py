@@ -55,6 +55,7 @@ from spark_ps.ml.tree.histogram import (
 )
 from spark_ps.ml.tree.local import TreeBuilder, features_per_node, resolve_params, route_rows
 from spark_ps.ml.tree.loss import get_loss, remap_labels
+from spark_ps.ml.tree.tree import TreeArrays
 from spark_ps.models import PSMatrix
 
 __all__ = ["train_gbt"]
@@ -151,42 +152,72 @@ def _sketch_keys(feat: np.ndarray, values: np.ndarray) -> np.ndarray:
     return (h & _KEY_MASK).astype(np.int64)
 
 
-def _bin(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    s = ctx.state
-    thresholds = [np.asarray(t, dtype=np.float64) for t in cmd["thresholds"]]
+def _apply_bins(s: dict, thresholds: list, loss_type: str) -> None:
+    thresholds = [np.asarray(t, dtype=np.float64) for t in thresholds]
     s["bins"] = np.asfortranarray(bin_matrix(s["X"], thresholds))
     s["vbins"] = bin_matrix(s["Xv"], thresholds) if s["Xv"].size else None
     s["pred"], s["vpred"] = np.zeros(s["y"].size), np.zeros(s["yv"].size)
-    loss = get_loss(cmd["loss"])
+    loss = get_loss(loss_type)
     s["loss"] = loss
     s["labels"] = remap_labels(s["y"]) if loss.is_classification else s["y"]
     s["vlabels"] = remap_labels(s["yv"]) if loss.is_classification else s["yv"]
+
+
+def _bin(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    s = ctx.state
+    _apply_bins(s, cmd["thresholds"], cmd["loss"])
     q = int(np.rint(np.ldexp(s["w"], cmd["weight_exp"])).astype(np.int64).sum())
     ctx.contribute(round_, [q >> 31, q & ((1 << 31) - 1)])  # exact in float64 halves
 
 
+def _compute_targets(s: dict, tree: int) -> np.ndarray:
+    t = s["labels"] if tree == 0 else -s["loss"].gradient(s["pred"], s["labels"])
+    s["targets"] = t
+    return t
+
+
 def _targets(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     s = ctx.state
-    t = s["labels"] if cmd["tree"] == 0 else -s["loss"].gradient(s["pred"], s["labels"])
-    s["targets"] = t
+    t = _compute_targets(s, cmd["tree"])
     lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)
     _per_part(ctx, round_, cmd["n_workers"], [-lo, hi])
 
 
+def _start_tree(s: dict, scale: list, seed: int, rate: float) -> None:
+    n = s["y"].size
+    scale = FixedPointScale(*scale)
+    s["row_stats"] = quantize_rows(s["targets"], s["w"], scale)
+    s["unit"] = unit_weight(s["w"], scale)
+    s["in_sample"] = row_uniform(s["ids"], seed) < rate if rate < 1.0 else np.ones(n, bool)
+    s["node"] = np.zeros(n, dtype=np.int32)
+    s["vnode"] = np.zeros(s["yv"].size, dtype=np.int32)
+
+
+def _recover(ctx: WorkerContext, state: dict) -> None:
+    """A retried task rebuilds what earlier rounds left in memory from the posted state:
+    bins, predictions of finished trees, and the rows' nodes in the current tree."""
+    s = ctx.state
+    if "thresholds" not in state:
+        return
+    _apply_bins(s, state["thresholds"], state["loss"])
+    for tree, tw in zip(state["trees"], state["weights"], strict=True):
+        t = TreeArrays.from_dict(tree)
+        s["pred"] = s["pred"] + t.predict(s["X"]) * tw
+        if s["yv"].size:
+            s["vpred"] = s["vpred"] + t.predict(s["Xv"]) * tw
+    cur = state.get("current")
+    if cur is not None:
+        _compute_targets(s, cur["tree"])
+        if cur.get("scale") is not None:
+            _start_tree(s, cur["scale"], cur["seed"], cur["rate"])
+            for routing in cur["routings"]:
+                _route(s, routing)
+
+
 def _hist(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     s = ctx.state
-    n = s["y"].size
     if cmd["layer"] == 0:
-        scale = FixedPointScale(*cmd["scale"])
-        s["scale"] = scale
-        s["row_stats"] = quantize_rows(s["targets"], s["w"], scale)
-        s["unit"] = unit_weight(s["w"], scale)
-        rate = cmd["subsampling_rate"]
-        s["in_sample"] = (
-            row_uniform(s["ids"], cmd["seed"]) < rate if rate < 1.0 else np.ones(n, dtype=bool)
-        )
-        s["node"] = np.zeros(n, dtype=np.int32)
-        s["vnode"] = np.zeros(s["yv"].size, dtype=np.int32)
+        _start_tree(s, cmd["scale"], cmd["seed"], cmd["subsampling_rate"])
     else:
         _route(s, cmd["routing"])
     slot_of_node = np.asarray(cmd["slot_of_node"], dtype=np.int32)
@@ -227,6 +258,7 @@ def _finish(ctx: WorkerContext, round_: int, cmd: dict) -> None:
 
 
 _HANDLERS = {
+    "recover": _recover,
     "meta": _meta,
     "sketch": _sketch,
     "bin": _bin,
@@ -265,7 +297,16 @@ def _thresholds(job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p) -
 
 
 def _grow(
-    job: PSJob, ps, tree: int, thresholds, n_bins: int, scale, p, min_w: float, n_features: int
+    job: PSJob,
+    ps,
+    tree: int,
+    thresholds,
+    n_bins: int,
+    scale,
+    p,
+    min_w: float,
+    n_features: int,
+    on_layer=None,
 ):
     """Grow one tree layer by layer; split finding runs on the shards."""
     builder = TreeBuilder(
@@ -307,6 +348,8 @@ def _grow(
                 routing=_routing(builder) if layer else None,
             )
             job.collect(r)
+            if layer and on_layer is not None:
+                on_layer(_routing(builder))
             args = {"round": r, "n_slots": n_slots, "n_bins": n_bins, "split_kw": split_kw}
             models = [small.spec, full.spec]
             if plan is not None:
@@ -388,24 +431,51 @@ def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | No
         )
         total_w = float(np.ldexp(float((int(hi) << 31) + int(lo)), -wexp))  # exact int sum
         min_w = p.minWeightFractionPerNode * total_w
+        state = {
+            "thresholds": [t.tolist() for t in thresholds],
+            "loss": p.lossType,
+            "trees": [],
+            "weights": [],
+            "current": None,
+        }
         trees, weights, hist = _boost(
-            job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, validation is not None
+            job,
+            ps,
+            p,
+            thresholds,
+            n_bins,
+            n_rows,
+            max_w,
+            min_w,
+            n_features,
+            validation is not None,
+            state,
         )
     hist["fit_seconds"] = time.perf_counter() - t0
     return trees, weights, n_features, hist
 
 
-def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has_val):
+def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has_val, state):
+    """Boosting iterations; `state` (posted before each step) lets retried tasks resume."""
     nw = job.num_workers
     trees, weights = [], []
     hist = {"train_loss": [], "validation_loss": []}
     best_err, best_m = 0.0, 1
     for m in range(p.maxIter):
+        cur = state["current"] = {"tree": m, "scale": None}
+        job.post_state(state)
         _, mm = job.call("targets", tree=m, n_workers=nw)
         mm = mm.reshape(nw, 2)
         tmin, tmax = -float(mm[:, 0].max()), float(mm[:, 1].max())
         scale = choose_scale(tmin, tmax, max_w, n_rows)
-        builder = _grow(job, ps, m, thresholds, n_bins, scale, p, min_w, n_features)
+        cur.update(scale=list(scale), seed=p.seed + m, rate=p.subsamplingRate, routings=[])
+        job.post_state(state)
+
+        def on_layer(routing, cur=cur):
+            cur["routings"].append(routing)
+            job.post_state(state)
+
+        builder = _grow(job, ps, m, thresholds, n_bins, scale, p, min_w, n_features, on_layer)
         tw = 1.0 if m == 0 else p.stepSize
         _, (err, wsum, verr, vwsum) = job.call(
             "finish",
@@ -415,6 +485,10 @@ def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has
         )
         trees.append(builder.finish())
         weights.append(tw)
+        state["trees"].append(trees[-1].to_dict())
+        state["weights"].append(tw)
+        state["current"] = None
+        job.post_state(state)
         hist["train_loss"].append(err / wsum)
         log.info("GBT tree %d/%d: train loss %.6g", m + 1, p.maxIter, err / wsum)
         if not has_val:

@@ -1,0 +1,77 @@
+"""GBT trained on the PS: MLlib's trees, the same trees whatever the partitioning or retries."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from pyspark.ml.classification import GBTClassifier as MLlibGBT
+from pyspark.ml.linalg import Vectors
+from pyspark.ml.regression import GBTRegressor as MLlibGBTRegressor
+
+from spark_ps.ml import _job
+from spark_ps.ml.classification import GBTClassifier
+from spark_ps.ml.regression import GBTRegressor
+
+
+@pytest.fixture(scope="module")
+def data(spark):
+    rng = np.random.default_rng(0)
+    n, d = 3000, 6
+    X = np.round(rng.normal(size=(n, d)), 1)  # few distinct values: MLlib's splits are exact
+    score = X[:, 0] + X[:, 1] * X[:, 2] + 0.5 * rng.normal(size=n)
+    y = (score > 0).astype(float)
+    rows = [(float(y[i]), float(score[i]), Vectors.dense(X[i])) for i in range(n)]
+    return spark.createDataFrame(rows, ["label", "score", "features"]).cache()
+
+
+def _structure(model) -> str:
+    """The debug string below its header, numbers to 10 significant digits."""
+    body = model.toDebugString.split("\n", 1)[1]
+    return re.sub(r"-?\d+\.\d+(E-?\d+)?", lambda m: f"{float(m.group()):.10g}", body)
+
+
+def _probs(model, df):
+    from pyspark.ml.functions import vector_to_array
+
+    col = (
+        vector_to_array("probability")[1]
+        if "probability" in model.transform(df).columns
+        else "prediction"
+    )
+    return np.array([r[0] for r in model.transform(df).select(col).collect()])
+
+
+def test_classifier_matches_mllib(spark_ps, data):
+    params = dict(maxIter=6, maxDepth=3, seed=7)
+    ours = GBTClassifier(**params).fit(data)
+    ref = MLlibGBT(**params).fit(data)
+    assert _structure(ours) == _structure(ref)
+    np.testing.assert_allclose(_probs(ours, data), _probs(ref, data), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        ours.featureImportances.toArray(), ref.featureImportances.toArray(), atol=1e-12
+    )
+
+
+def test_regressor_matches_mllib(spark_ps, data):
+    params = dict(maxIter=4, maxDepth=3, labelCol="score")
+    ours = GBTRegressor(**params).fit(data)
+    ref = MLlibGBTRegressor(**params).fit(data)
+    np.testing.assert_allclose(_probs(ours, data), _probs(ref, data), rtol=0, atol=1e-9)
+
+
+def test_same_trees_for_any_partitioning_and_after_a_retry(spark_ps, data, tmp_path):
+    params = dict(maxIter=4, maxDepth=4, subsamplingRate=0.7, featureSubsetStrategy="sqrt")
+    one = GBTClassifier(numWorkers=1, **params).fit(data.repartition(1))
+    two = GBTClassifier(numWorkers=2, **params).fit(data.repartition(5))
+    marker = tmp_path / "failed"
+    _job.inject_failure_once("hist", nth=9, part=0, marker=str(marker))
+    try:
+        retried = GBTClassifier(numWorkers=2, **params).fit(data)
+    finally:
+        _job.clear_failures()
+    assert marker.exists()  # a task really died mid-fit, after pushing its histogram
+    for other in (two, retried):
+        assert other.toDebugString.split("\n", 1)[1] == one.toDebugString.split("\n", 1)[1]
+        np.testing.assert_array_equal(_probs(other, data), _probs(one, data))
