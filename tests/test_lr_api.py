@@ -244,8 +244,12 @@ def test_unsupported_settings_fail_at_fit(spark, data, local_lbfgs):
 
 
 def test_unregistered_solver_is_named(data):
-    with pytest.raises(NotImplementedError, match="solver='ftrl'"):
-        LogisticRegression(solver="ftrl").fit(data)
+    previous = register_trainer("ftrl", None)
+    try:
+        with pytest.raises(NotImplementedError, match="no trainer is registered for solver='ftrl'"):
+            LogisticRegression(solver="ftrl").fit(data)
+    finally:
+        register_trainer("ftrl", previous)
 
 
 def test_threshold_and_thresholds_stay_consistent():
@@ -286,10 +290,13 @@ _OUTPUT_SETUPS = [
 ]
 
 
+_OUTPUT_COLS = ("rawPredictionCol", "probabilityCol", "predictionCol")
+
+
 def _configured(model, i, setup):
     """A copy of ``model`` with ``setup`` applied and its output columns suffixed ``_i``."""
     model = model.copy()
-    for col in ("rawPredictionCol", "probabilityCol", "predictionCol"):
+    for col in _OUTPUT_COLS:
         name = setup.get(col, model.getOrDefault(col))
         model.set(model.getParam(col), f"{name}_{i}" if name else "")
     for name in ("threshold", "thresholds"):
@@ -299,20 +306,19 @@ def _configured(model, i, setup):
 
 
 def test_thresholds_and_empty_output_cols_like_mllib(data, mllib_model):
-    theirs_df = ours_df = data
     ours_base = _ours_like(mllib_model)
-    for i, setup in enumerate(_OUTPUT_SETUPS):  # chained: one Spark job per side
-        theirs_df = _configured(mllib_model, i, setup).transform(theirs_df)
-        ours_df = _configured(ours_base, i, setup).transform(ours_df)
-    assert ours_df.columns == theirs_df.columns
-    new = [c for c in ours_df.columns if c not in data.columns]
-    assert len(new) == 14 and "prediction_5" not in new and "p_5" in new
-    theirs, mine = _collect(theirs_df, new), _collect(ours_df, new)
-    for name, a, b in zip(new, mine, theirs, strict=True):
-        if name.startswith("prediction"):
-            assert a == b, name
-        else:
-            np.testing.assert_allclose(_vectors(a), _vectors(b), rtol=0, atol=1e-12)
+    for i, setup in enumerate(_OUTPUT_SETUPS):  # one job per side and setup: workers are reused
+        theirs_df = _configured(mllib_model, i, setup).transform(data)
+        ours_df = _configured(ours_base, i, setup).transform(data)
+        assert ours_df.columns == theirs_df.columns
+        new = [c for c in ours_df.columns if c not in data.columns]
+        assert len(new) == 3 - sum(setup.get(c) == "" for c in _OUTPUT_COLS), setup
+        theirs, mine = _collect(theirs_df, new), _collect(ours_df, new)
+        for name, a, b in zip(new, mine, theirs, strict=True):
+            if name.startswith("prediction"):
+                assert a == b, (setup, name)
+            else:
+                np.testing.assert_allclose(_vectors(a), _vectors(b), rtol=0, atol=1e-12)
 
 
 def test_single_row_predictions_equal_mllib(mllib_model):
