@@ -545,3 +545,118 @@ def test_plugin_starts_a_ps_hands_it_out_and_stops_it(bridge_jar):
     assert r["sys_executor"] == "driver" and r["sys_address"] == r["address"]
     assert r["worker_view"] == [["driver", r["address"], True, "0o600"]]
     assert r["closed_after_stop"] is True
+
+
+# --------------------------------------------------------------------------- cluster
+
+_KILL_JOB = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from pathlib import Path
+    import numpy as np
+    import psutil
+    from pyspark import TaskContext
+    from pyspark.sql import SparkSession
+    from spark_ps import PSContext
+    from spark_ps.models import PSVector
+
+    work = Path(sys.argv[1])
+    spark = SparkSession.builder.appName("spark-ps-kill-executor").getOrCreate()
+    sc = spark.sparkContext
+    ps = PSContext.getOrCreate(spark)  # spark.ps.address from --conf: the external PS
+    w = PSVector.dense(4, context=ps)
+    deadline = time.time() + 120
+    while sc._jsc.sc().getExecutorMemoryStatus().size() < 3 and time.time() < deadline:
+        time.sleep(0.2)  # driver + 2 executors
+
+    def executor_id():
+        for d in os.environ["SPARK_LOCAL_DIRS"].split(","):
+            p = os.path.join(d, "spark-ps-executor.properties")
+            if os.path.exists(p):
+                for line in open(p):
+                    if line.startswith("executor.id="):
+                        return line.split("=", 1)[1].strip()
+        raise RuntimeError("no spark-ps-executor.properties in SPARK_LOCAL_DIRS")
+
+    def executor_jvm():
+        p = psutil.Process()
+        while p is not None and p.name() != "java":
+            p = p.parent()
+        return p.pid
+
+    def task(index, rows):
+        ctx = TaskContext.get()
+        exec_id = executor_id()
+        worker = f"executor:{exec_id}/p{index}"
+        client, ones = w.client, np.ones(4)
+        if index == 1 and ctx.attemptNumber() == 0:
+            w.increment(np.arange(4), ones)
+            client.clock("train", worker, 1, staleness=0, num_workers=2, timeout=300)
+            jvm = executor_jvm()
+            (work / "kill.json").write_text(json.dumps({"pid": jvm, "executor": exec_id}))
+            while psutil.pid_exists(jvm):  # hang until our executor is killed
+                time.sleep(0.2)
+            os._exit(1)
+        if index == 1:  # the retry of a lost worker's task: its work was already pushed
+            return [[index, exec_id, ctx.attemptNumber(), -1]]
+        mins = []
+        for c in (1, 2, 3):
+            w.increment(np.arange(4), ones)
+            mins.append(client.clock("train", worker, c, staleness=0, num_workers=2,
+                                     timeout=300))
+        return [[index, exec_id, ctx.attemptNumber(), mins]]
+
+    def killer():
+        f = work / "kill.json"
+        while not f.exists():
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.kill(json.loads(f.read_text())["pid"], signal.SIGKILL)
+
+    threading.Thread(target=killer, daemon=True).start()
+    t0 = time.time()
+    out = sc.parallelize([0, 1], 2).mapPartitionsWithIndex(task).collect()
+    result = {"tasks": out, "w": w.pull().tolist(), "seconds": time.time() - t0,
+              "killed": json.loads((work / "kill.json").read_text())}
+    spark.stop()
+    print("RESULT " + json.dumps(result))
+    """
+)
+
+
+@pytest.mark.cluster
+def test_spark_submit_plugin_listener_survives_a_killed_executor(bridge_jar, own_ps, tmp_path):
+    """spark-submit --jars/--conf spark.plugins on local-cluster[2,1,1024] with an external PS:
+    a worker's executor JVM is SIGKILLed while its peer waits on an SSP clock; the listener
+    tells the coordinator, the peer is released, and the job finishes."""
+    job = tmp_path / "job.py"
+    job.write_text(_KILL_JOB)
+    submit = Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit"
+    cmd = [
+        str(submit),
+        "--master",
+        "local-cluster[2,1,1024]",
+        "--jars",
+        str(bridge_jar),
+        "--conf",
+        "spark.plugins=io.sparkps.bridge.PSPlugin",
+        "--conf",
+        f"spark.ps.address={own_ps.address}",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.task.maxFailures=4",
+        str(job),
+        str(tmp_path),
+    ]
+    env = dict(os.environ, SPARK_PS_TOKEN=own_ps.token)  # the token stays off the command line
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"job failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+    r = json.loads(lines[-1][len("RESULT ") :])
+    by_index = {t[0]: t for t in r["tasks"]}
+    killed = r["killed"]["executor"]
+    assert by_index[0][1] != killed  # the peer ran on the other executor
+    assert by_index[0][3] == [1, 2, 3]  # released from clock 2 once the dead worker was dropped
+    assert by_index[1][2] >= 1  # the lost task was retried
+    assert r["w"] == [4.0] * 4  # 3 steps of the survivor + 1 of the lost worker
