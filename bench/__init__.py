@@ -1,0 +1,1 @@
+"""Benchmarks that run spark-ps beside MLlib (and LightGBM/XGBoost) and print ratios."""

@@ -11,7 +11,9 @@ import functools
 import importlib
 import os
 import resource
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -30,10 +32,12 @@ __all__ = [
     "fmt_ratio",
     "import_sparkps",
     "jvm_heap_used",
+    "load_note",
     "markdown_table",
     "model_auc",
     "parse_impls",
     "python_rss",
+    "run_guarded",
     "spark_home",
 ]
 
@@ -257,6 +261,16 @@ def import_sparkps(name: str) -> Any | None:
         return None
 
 
+def load_note() -> str:
+    """One line on machine load: timings taken on a busy shared machine are not comparable."""
+    one, five, fifteen = os.getloadavg()
+    cores = os.cpu_count() or 1
+    note = f"machine: {cores} cores, load average {one:.1f} / {five:.1f} / {fifteen:.1f}"
+    if one > cores:
+        note += " -- busy: expect slow, noisy timings"
+    return note
+
+
 def fmt_ratio(num: float | None, den: float | None) -> str:
     """``num/den`` as 'x.xx', or 'n/a' when either side is missing or zero."""
     if num is None or den is None or not np.isfinite(num) or not np.isfinite(den) or den == 0:
@@ -288,3 +302,61 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None
         "| " + " | ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) + " |" for b in body
     ]
     return "\n".join(out)
+
+
+def _tree_rss(proc: Any) -> int:
+    """RSS of a psutil process and all its descendants (shared pages counted twice)."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _kill_tree(proc: Any) -> None:
+    import psutil
+
+    family = [*proc.children(recursive=True), proc]
+    for p in family:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
+def run_guarded(
+    argv: list[str], *, cwd: str | Path, mem_limit_gb: float, timeout: float
+) -> tuple[int | None, str, str]:
+    """Run ``argv`` with a watchdog on the RSS of its whole process tree.
+
+    Why: a case that is expected to fail by running out of memory (MLlib at 2**30, or an
+    implementation that densifies a huge model) must not push a shared machine into the
+    kernel's OOM killer. The tree (child Python, its JVM, PS shards) is killed as soon as
+    its summed RSS passes ``mem_limit_gb`` or ``timeout`` seconds pass.
+
+    Returns (exit code or None if killed, combined output, reason: '' / 'memory' / 'timeout').
+    """
+    import psutil
+
+    limit = mem_limit_gb * 2**30
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = psutil.Process(child.pid)
+        start, reason = time.monotonic(), ""
+        while child.poll() is None:
+            if _tree_rss(proc) > limit:
+                reason = "memory"
+            elif time.monotonic() - start > timeout:
+                reason = "timeout"
+            if reason:
+                _kill_tree(proc)
+                break
+            time.sleep(0.1)
+        child.wait()
+        log.seek(0)
+        return (None if reason else child.returncode), log.read(), reason

@@ -261,7 +261,7 @@ def dense_features(
     """Dense synthetic data (``label double, features vector``): MLlib's best case.
 
     Features are unit-variance uniforms; the label follows a logistic model whose hidden
-    weights (fixed by ``seed``) give a margin of standard deviation ~2 (Bayes AUC ~0.9).
+    weights (fixed by ``seed``) give a margin of standard deviation ~2 (Bayes AUC ~0.86).
     Rows are ids ``[start, start + rows)``: a test set is another id range, same seed.
     """
     if rows < 1 or n_features < 1:

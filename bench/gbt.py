@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from bench.common import (
     bench_session,
     fmt_ratio,
     import_sparkps,
+    load_note,
     markdown_table,
     model_auc,
     parse_impls,
@@ -54,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-size", type=float, default=0.1)
     p.add_argument("--rows", type=int, default=None, help="cap train rows (test: rows/4)")
     p.add_argument("--threads", type=int, default=2, help="LightGBM/XGBoost threads")
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=("passive", "active", "inherit"),
+        default="passive",
+        help="OMP_WAIT_POLICY for LightGBM/XGBoost (active spins; see README)",
+    )
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--seed", type=int, default=42, help="split seed and MLlib seed")
     p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
@@ -174,20 +182,20 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> None:
-    """Fit the Spark implementations once on 2,000 rows, so no timed fit pays JIT start-up."""
+    """Fit every implementation once on 2,000 rows: no timed fit pays JIT/pool start-up."""
     import pandas as pd
     from pyspark.ml.feature import VectorAssembler
 
     x = np.random.default_rng(0).normal(size=(2000, 4))
-    pdf = pd.DataFrame(x, columns=["a", "b", "c", "d"]).assign(label=(x[:, 0] > 0) * 1.0)
-    df = spark.createDataFrame(pdf)
-
-    df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features").transform(df)
+    y = (x[:, 0] > 0) * 1.0
+    pdf = pd.DataFrame(x, columns=["a", "b", "c", "d"]).assign(label=y)
+    df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features").transform(
+        spark.createDataFrame(pdf)
+    )
+    tiny = {"train_df": df, "test_df": df, "X_train": x, "y_train": y, "X_test": x, "y_test": y}
     with Timer() as t:
         for impl in impls:
-            cls = None if impl == "mllib" else import_sparkps("GBTClassifier")
-            if impl in ("mllib", "sparkps") and (impl == "mllib" or cls is not None):
-                fit_mllib({"train_df": df, "test_df": df}, 2, 2, args, cls)
+            run_one(impl, tiny, 2, 2, args)
     print(f"warm-up: {t.elapsed:.1f} s", flush=True)
 
 
@@ -196,6 +204,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     impls = parse_impls(args.impl, IMPLS)
     configs = parse_configs(args.configs)
+    if args.omp_wait_policy != "inherit":  # read when libgomp loads: before lightgbm import
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
+    print(load_note(), flush=True)
     spark = bench_session(args.driver_memory, app="spark-ps-bench-gbt")
     train, test, data = nycflights(spark, partitions=args.partitions, max_rows=args.rows)
     data["train_df"], data["test_df"] = train.cache(), test.cache()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -25,14 +24,17 @@ if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (
+    REPO_ROOT,
     PeakMemory,
     Timer,
     bench_session,
     fmt_ratio,
     import_sparkps,
+    load_note,
     markdown_table,
     model_auc,
     parse_impls,
+    run_guarded,
 )
 from bench.datagen import MAX_VECTOR_LOG2, dense_features, flights_ctr, synthetic_ctr
 
@@ -72,9 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flights-fraction", type=float, default=1.0, help="row sample of flights")
     p.add_argument("--huge", action="store_true", help="add synthetic 2**30 (MLlib may fail)")
     p.add_argument("--huge-rows", type=int, default=None, help="rows of the 2**30 case")
-    p.add_argument("--isolate-log2", type=int, default=28, help="MLlib in a child from here")
+    p.add_argument("--isolate-log2", type=int, default=28, help="fits in a child from here")
+    p.add_argument("--mem-limit-gb", type=float, default=12.0, help="child process-tree cap")
+    p.add_argument("--target-loss", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--transform", action="store_true", help="also time scoring at 2**24")
     p.add_argument("--transform-rows", type=int, default=200_000)
+    p.add_argument("--transform-log2", type=int, default=24)
     p.add_argument("--transform-fit-iter", type=int, default=5)
     p.add_argument("--max-iter", type=int, default=20)
     p.add_argument("--reg-param", type=float, default=0.01)
@@ -85,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loss-rtol", type=float, default=1e-4, help="'reached MLlib loss' margin")
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--driver-memory", default="4g")
+    p.add_argument("--driver-memory", default="6g")
     p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
     p.add_argument("--child-timeout", type=float, default=1800.0)
@@ -187,36 +192,54 @@ def fit_one(impl: str, est: Any, case: Case, spark: Any, target: float | None, r
             }
         )
     except Exception as exc:  # report the failure (e.g. MLlib's OOM at 2**30) and go on
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-        row["status"] = f"failed: {type(exc).__name__}: {first}"
+        row["status"] = _failure(exc)
     return row
 
 
-def _mllib_in_child(case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    """Run MLlib on a huge case in its own Python+JVM and read back its row."""
+def _failure(exc: Exception) -> str:
+    """A one-line status for a failed fit: exception type and first message line."""
+    text = str(exc).strip()
+    return f"failed: {type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+def _child_argv(impl: str, case: Case, args: argparse.Namespace, target: float | None):
+    """Command line that re-runs one (impl, synthetic case) of this run in a child."""
+    argv = [sys.executable, "-m", "bench.lr", "--impl", impl, "--datasets", "synthetic"]
+    argv += ["--log2-dims", str(case.log2_dim), "--rows", str(args.huge_rows or args.rows)]
+    argv += ["--test-rows", str(args.test_rows or max(args.rows // 4, 1))]
+    argv += ["--isolate-log2", "99", "--driver-memory", args.driver_memory]
+    for flag in ("max_iter", "reg_param", "elastic_net_param", "tol", "standardization"):
+        argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    argv += ["--nnz", str(args.nnz), "--seed", str(args.seed), "--partitions", str(args.partitions)]
+    argv += ["--sparkps-params", args.sparkps_params, "--loss-rtol", str(args.loss_rtol)]
+    if target is not None:
+        argv += ["--target-loss", repr(target)]
+    if args.no_warmup:
+        argv.append("--no-warmup")
+    return argv
+
+
+def _in_child(impl: str, case: Case, args: argparse.Namespace, target: float | None) -> dict:
+    """Run one implementation on a huge case in its own Python+JVM, under a memory watchdog."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, "-m", "bench.lr", "--impl", "mllib", "--datasets", "synthetic"]
-        rows = args.huge_rows or args.rows
-        argv += ["--log2-dims", str(case.log2_dim), "--rows", str(rows), "--json-out", str(out)]
-        argv += ["--test-rows", str(args.test_rows or max(args.rows // 4, 1))]
-        argv += ["--isolate-log2", "99", "--driver-memory", args.driver_memory]
-        for flag in ("max_iter", "reg_param", "elastic_net_param", "tol", "standardization"):
-            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        argv += ["--nnz", str(args.nnz), "--seed", str(args.seed)]
-        argv += ["--partitions", str(args.partitions)]
-        cwd = Path(__file__).resolve().parents[1]
-        try:
-            proc = subprocess.run(
-                argv, cwd=cwd, capture_output=True, text=True, timeout=args.child_timeout
-            )
-        except subprocess.TimeoutExpired:
-            return {"impl": "mllib", "status": f"failed: timeout {args.child_timeout:.0f} s"}
-        if out.exists():
-            return json.loads(out.read_text())[0] | {"impl": "mllib"}
-        tail = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "Error" in ln][-1:]
-        msg = tail[0].strip()[:160] if tail else "no output"
-        return {"impl": "mllib", "status": f"failed: exit {proc.returncode}: {msg}"}
+        argv = _child_argv(impl, case, args, target) + ["--json-out", str(out)]
+        code, log, reason = run_guarded(
+            argv, cwd=REPO_ROOT, mem_limit_gb=args.mem_limit_gb, timeout=args.child_timeout
+        )
+        if reason == "memory":
+            return {"impl": impl, "status": f"failed: process tree passed {args.mem_limit_gb} GiB"}
+        if reason == "timeout":
+            return {"impl": impl, "status": f"failed: timeout after {args.child_timeout:.0f} s"}
+        rows = json.loads(out.read_text()) if out.exists() else []
+        if rows and rows[0].get("status") == "ok":
+            return rows[0] | {"impl": impl}
+        lines = log.splitlines()
+        errs = [ln for ln in lines if "OutOfMemoryError" in ln] or [
+            ln for ln in lines if "Error" in ln or "failed" in ln
+        ]
+        msg = errs[0].strip()[:160] if errs else (rows[0]["status"] if rows else "no output")
+        return {"impl": impl, "status": f"failed (exit {code}): {msg}"}
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -232,54 +255,71 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def run_case(spark: Any, case: Case, impls: list[str], args: argparse.Namespace) -> list[dict]:
-    """All implementations on one case, MLlib first so that its loss is the target."""
-    train = case.train.cache()
-    test = case.test.cache()
-    n_train = train.count()
-    test.count()
+    """All implementations on one case, MLlib first so that its loss is the target.
+
+    Cases at or above ``--isolate-log2`` run each implementation in a guarded child
+    process (see :func:`bench.common.run_guarded`) and are not cached here.
+    """
+    big = case.log2_dim is not None and case.log2_dim >= args.isolate_log2
+    n_train = None
+    if not big:
+        case.train.cache()
+        case.test.cache()
+        n_train = case.train.count()
+        case.test.count()
     rows: list[dict[str, Any]] = []
-    target = None
+    target = args.target_loss
     for impl in impls:
-        big = case.log2_dim is not None and case.log2_dim >= args.isolate_log2
         if impl == "mllib" and case.features_col != "features":
             row = {"impl": impl, "status": "skipped: VectorUDT cannot hold > 2^30 dims"}
-        elif impl == "mllib" and big:
-            row = _mllib_in_child(case, args)
+        elif estimator(impl, args, case.features_col) is None:  # spark-ps not importable
+            continue
+        elif big:
+            row = _in_child(impl, case, args, target)
         else:
             est = estimator(impl, args, case.features_col)
-            if est is None:
-                continue
             row = fit_one(impl, est, case, spark, target, args.loss_rtol)
         if impl == "mllib" and row["status"] == "ok":
             target = row["final loss"]
-        rows.append(row | {"dataset": case.dataset, "dim": case.dim, "train rows": n_train})
-    try:
-        train.unpersist()
-        test.unpersist()
-    except Exception as exc:  # the JVM may be gone after a fatal OOM
-        print(f"note: could not unpersist {case.dataset} {case.dim}: {type(exc).__name__}")
+        rows.append({"dataset": case.dataset, "dim": case.dim, "train rows": n_train} | row)
+    if not big:
+        try:
+            case.train.unpersist()
+            case.test.unpersist()
+        except Exception as exc:  # the JVM may be gone after a fatal OOM
+            print(f"note: could not unpersist {case.dataset} {case.dim}: {type(exc).__name__}")
     add_ratios(rows)
     return rows
 
 
 def transform_bench(spark: Any, impls: list[str], args: argparse.Namespace) -> list[dict]:
-    """Score ``--transform-rows`` rows at 2**24 with each implementation (noop sink)."""
-    n = args.transform_rows
-    df = synthetic_ctr(spark, n, 24, args.nnz, args.seed, args.partitions).cache()
+    """Score ``--transform-rows`` rows at ``2**--transform-log2`` with each implementation.
+
+    Each model is first fitted for ``--transform-fit-iter`` iterations on the same rows;
+    only the scoring pass (all output columns, written to Spark's noop sink) is timed.
+    """
+    n, log2 = args.transform_rows, args.transform_log2
+    df = synthetic_ctr(spark, n, log2, args.nnz, args.seed, args.partitions).cache()
     df.count()
+    fit_args = argparse.Namespace(**{**vars(args), "max_iter": args.transform_fit_iter})
     rows: list[dict[str, Any]] = []
     for impl in impls:
-        fit_args = argparse.Namespace(**{**vars(args), "max_iter": args.transform_fit_iter})
         est = estimator(impl, fit_args, "features")
         if est is None:
             continue
-        model = est.fit(df)
-        with Timer() as t:
-            model.transform(df).write.format("noop").mode("overwrite").save()
-        rows.append({"impl": impl, "rows": n, "dim": "2^24", "transform s": t.elapsed})
-    base = next((r for r in rows if r["impl"] == "mllib"), None)
+        row: dict[str, Any] = {"impl": impl, "rows": n, "dim": f"2^{log2}", "status": "ok"}
+        try:
+            model = est.fit(df)
+            with Timer() as t:
+                model.transform(df).write.format("noop").mode("overwrite").save()
+            row["transform s"] = t.elapsed
+        except Exception as exc:
+            row["status"] = _failure(exc)
+        rows.append(row)
+    base = next((r for r in rows if r["impl"] == "mllib" and r["status"] == "ok"), None)
     for r in rows:
-        r["speedup"] = fmt_ratio(base["transform s"], r["transform s"]) if base else "n/a"
+        ok = base is not None and r["status"] == "ok"
+        r["speedup"] = fmt_ratio(base["transform s"], r["transform s"]) if ok else "n/a"
     df.unpersist()
     return rows
 
@@ -302,6 +342,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     impls = parse_impls(args.impl, IMPLS)
     impls = sorted(impls, key=lambda i: i != "mllib")  # MLlib first: its loss is the target
     spark = bench_session(args.driver_memory, app="spark-ps-bench-lr")
+    print(load_note(), flush=True)
     if not args.no_warmup:
         warmup(spark, impls, args)
     all_rows: list[dict[str, Any]] = []
@@ -312,8 +353,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         all_rows += rows
     if args.transform:
         rows = transform_bench(spark, impls, args)
-        print("\n### LR transform (score rows at 2^24)\n")
-        print(markdown_table(rows), flush=True)
+        print(f"\n### LR transform (score rows at 2^{args.transform_log2})\n")
+        cols = ["impl", "rows", "dim", "transform s", "speedup", "status"]
+        print(markdown_table(rows, cols), flush=True)
         all_rows += rows
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(all_rows, default=str))
