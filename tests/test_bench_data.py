@@ -139,6 +139,21 @@ def test_auc_matches_pairwise_definition_with_ties():
         auc([1, 1], [0.1, 0.2])
 
 
+def test_time_to_loss_and_configs():
+    from types import SimpleNamespace
+
+    from bench.gbt import parse_configs
+    from bench.lr import _time_to_loss
+
+    s = SimpleNamespace(objectiveHistory=[0.69, 0.5, 0.41, 0.40], iterationTimestamps=[0, 1, 2, 3])
+    assert _time_to_loss(s, 0.41, 0.0) == 2.0
+    assert _time_to_loss(s, 0.3, 0.0) == float("inf")
+    assert _time_to_loss(SimpleNamespace(objectiveHistory=[0.5]), 0.5, 0.0) is None
+    assert parse_configs("20x5, 100X6") == [(20, 5), (100, 6)]
+    with pytest.raises(ValueError, match="'20-5'"):
+        parse_configs("20-5")
+
+
 def test_markdown_table_shape():
     text = markdown_table([{"a": 1.0, "b": "x"}, {"a": None}], ["a", "b"])
     lines = text.splitlines()
@@ -157,6 +172,10 @@ def test_flights_ctr_schema_and_split(spark):
     np.testing.assert_array_equal(sums, np.full(label.size, float(len(FLIGHTS_FIELDS))))
     n_test = test.count()
     assert 0.75 < label.size / (label.size + n_test) < 0.85
+    long_train, _ = flights_ctr(spark, log2_dim=36, fraction=0.001)
+    assert long_train.columns == ["label", "keys"]
+    keys = long_train.toArrow().column("keys").combine_chunks().flatten().to_numpy()
+    assert keys.min() >= 0 and keys.max() < 2**36 and keys.max() >= 2**31
 
 
 @needs_data
