@@ -57,8 +57,9 @@ def test_dense_matches_mllib(spark_ps, params):
     ours = LogisticRegression(maxIter=200, tol=1e-10, **params).fit(df)
     _compare(ours, ref)
     assert ours.summary.totalIterations == ref.summary.totalIterations
-    np.testing.assert_allclose(ours.summary.objectiveHistory, ref.summary.objectiveHistory,
-                               rtol=1e-8)
+    np.testing.assert_allclose(
+        ours.summary.objectiveHistory, ref.summary.objectiveHistory, rtol=1e-8
+    )
 
 
 def test_weighted_sparse_matches_mllib(spark_ps):
@@ -69,8 +70,7 @@ def test_weighted_sparse_matches_mllib(spark_ps):
     _compare(ours, ref)
     sdf = _sparse_df(spark)
     ref = MLlibLR(maxIter=200, tol=1e-10, regParam=0.001, elasticNetParam=0.3).fit(sdf)
-    ours = LogisticRegression(maxIter=200, tol=1e-10, regParam=0.001,
-                              elasticNetParam=0.3).fit(sdf)
+    ours = LogisticRegression(maxIter=200, tol=1e-10, regParam=0.001, elasticNetParam=0.3).fit(sdf)
     _compare(ours, ref, rel=1e-5)
     assert ours.summary.areaUnderROC == pytest.approx(ref.summary.areaUnderROC, abs=1e-3)
 
@@ -90,3 +90,31 @@ def test_task_failing_once_mid_fit_gives_the_clean_coefficients(spark_ps, tmp_pa
     np.testing.assert_array_equal(retried.coefficients.toArray(), clean.coefficients.toArray())
     assert retried.intercept == clean.intercept
     assert retried.summary.objectiveHistory == clean.summary.objectiveHistory
+
+
+def test_long_keys_beyond_2pow31_match_the_same_data_as_vectors(spark_ps):
+    """Keys at 2**40 train on the K touched keys only; same optimum as MLlib on vectors."""
+    spark, _ = spark_ps
+    rng = np.random.default_rng(11)
+    d, n = 60, 1500
+    universe = np.sort(rng.choice(2**40, size=d, replace=False))
+    beta = rng.normal(size=d)
+    rows_v, rows_k = [], []
+    for _ in range(n):
+        idx = np.sort(rng.choice(d, size=5, replace=False))
+        y = float(rng.uniform() < 1 / (1 + np.exp(-beta[idx].sum())))
+        rows_v.append((y, Vectors.sparse(d, idx.tolist(), [1.0] * 5)))
+        rows_k.append((y, universe[idx].tolist()))
+    vdf = spark.createDataFrame(rows_v, ["label", "features"])
+    kdf = spark.createDataFrame(rows_k, "label double, features array<bigint>")
+    ref = MLlibLR(maxIter=100, tol=1e-10, regParam=0.01).fit(vdf)
+    ours = LogisticRegression(maxIter=100, tol=1e-10, regParam=0.01).fit(kdf)
+    assert ours.numFeatures == int(universe[-1]) + 1 > 2**31
+    keys, values = ours.coefficientKeys, ours.coefficientValues
+    got = dict(zip(keys.tolist(), values.tolist(), strict=True))
+    want = ref.coefficients.toArray()
+    np.testing.assert_allclose([got.get(int(k), 0.0) for k in universe], want, rtol=1e-6, atol=1e-9)
+    assert ours.intercept == pytest.approx(ref.intercept, rel=1e-6)
+    p_ours = ours.transform(kdf).select("probability").collect()
+    p_ref = ref.transform(vdf).select("probability").collect()
+    np.testing.assert_allclose([r[0][1] for r in p_ours], [r[0][1] for r in p_ref], rtol=1e-6)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,12 +37,14 @@ from spark_ps.ml.lr.objective import (
 )
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
+from spark_ps.models import PSVector
 
 __all__ = ["train_lbfgs"]
 
 log = logging.getLogger("spark_ps.ml.lr")
 
 _STATS = ("count", "s1", "s2")
+_DENSE_OUTPUT_LIMIT = 1 << 24  # vector input up to this size gets MLlib's dense coefficients
 _EXTREMES = ("vmax", "neg_vmin")
 
 
@@ -67,14 +70,41 @@ def _setup(prepared: PreparedData):
 
 
 def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    out = np.zeros(cmd["num_workers"])
-    out[ctx.part] = ctx.state["num_features"]
-    ctx.contribute(round_, out)
+    """This partition's feature dimension and largest key (as exact 31-bit halves)."""
+    top = int(ctx.state["keys"][-1]) if ctx.state["keys"].size else -1
+    out = np.zeros((cmd["num_workers"], 3))
+    out[ctx.part] = [ctx.state["num_features"], top >> 31, top & ((1 << 31) - 1)]
+    ctx.contribute(round_, out.ravel())
+
+
+def _keys(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Register the keys this partition touches (their compact ids come later)."""
+    keys = ctx.state["keys"]
+    if keys.size:
+        ctx.tensor(cmd["keyset"]).update(keys, np.ones(keys.size))
+    ctx.contribute(round_, [keys.size])
+
+
+def _compact(ctx: WorkerContext, keyset: str) -> tuple[np.ndarray, object]:
+    """(sorted compact ids of this partition's keys, the batch re-indexed to match)."""
+    s = ctx.state
+    if s.get("keyset") != keyset:
+        ids = ctx.tensor(keyset).pull(s["keys"]).astype(np.int64)
+        order = np.argsort(ids, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        local = s["local"]
+        s["cids"] = ids[order]
+        s["clocal"] = type(local)(
+            local.indptr, rank[local.indices], local.values, order.size, local.labels, local.weights
+        )
+        s["keyset"] = keyset
+    return s["cids"], s["clocal"]
 
 
 def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition."""
-    keys, local = ctx.state["keys"], ctx.state["local"]
+    keys, local = _compact(ctx, cmd["keyset"])
     p = feature_stats([local])
     gk = keys[p.keys]
     for name in _STATS:
@@ -90,7 +120,7 @@ def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
 
 def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """Loss and gradient of this partition at x; the gradient goes to g exactly once."""
-    keys, local = ctx.state["keys"], ctx.state["local"]
+    keys, local = _compact(ctx, cmd["keyset"])
     fit_intercept, dim = cmd["fit_intercept"], cmd["dim"]
     if ctx.state.get("inv_std_name") != cmd["inv_std"]:
         ctx.state["inv_std"] = ctx.tensor(cmd["inv_std"]).pull(keys)
@@ -107,7 +137,7 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     ctx.contribute(round_, [loss, wsum, grad_b])
 
 
-_HANDLERS = {"dims": _dims, "stats": _stats, "grad": _grad}
+_HANDLERS = {"dims": _dims, "keys": _keys, "stats": _stats, "grad": _grad}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -116,13 +146,13 @@ _HANDLERS = {"dims": _dims, "stats": _stats, "grad": _grad}
 class _Fit:
     """Driver side of one fit: the PS vectors and the rounds that fill them."""
 
-    def __init__(self, job: PSJob, space: PSVecSpace, fit_intercept: bool):
+    def __init__(self, job: PSJob, space: PSVecSpace, fit_intercept: bool, keyset: str):
         self.job, self.space, self.fit_intercept = job, space, fit_intercept
-        self.dim = space.dim
+        self.dim, self.keyset = space.dim, keyset
 
     def stats(self):
         vecs = {n: self.space.new(n) for n in _STATS + _EXTREMES}
-        r, out = self.job.call("stats", **{n: v.name for n, v in vecs.items()})
+        r, out = self.job.call("stats", keyset=self.keyset, **{n: v.name for n, v in vecs.items()})
         for n in _STATS:
             vecs[n].reduce(r)
         for n in _EXTREMES:
@@ -177,6 +207,7 @@ class _Fit:
                 offset=offset,
                 fit_intercept=self.fit_intercept,
                 dim=self.dim,
+                keyset=self.keyset,
             )
             g.reduce(r)
             return finish_objective(
@@ -186,18 +217,43 @@ class _Fit:
         return evaluate
 
 
-def _num_features(job: PSJob) -> int:
-    _, sizes = job.call("dims", num_workers=job.num_workers)
-    seen = sorted({int(s) for s in sizes if s > 0})
-    if len(seen) > 1:
-        raise ValueError(f"feature vectors have inconsistent sizes across partitions: {seen}")
-    if not seen:
+@dataclass
+class _KeySpace:
+    """The keys the data touches, numbered 0..K-1 on the PS (`keyset` maps key -> id)."""
+
+    keyset: PSVector
+    size: int  # K
+    num_features: int  # the model's dimension: vector size, or the largest key + 1
+    dense_output: bool  # small vector input: return dense coefficients, as MLlib does
+
+
+def _key_space(job: PSJob, ps, prepared: PreparedData) -> _KeySpace:
+    nw = job.num_workers
+    _, out = job.call("dims", num_workers=nw)
+    out = out.reshape(nw, 3)
+    sizes = sorted({int(v) for v in out[:, 0] if v > 0})
+    if len(sizes) > 1 and prepared.features_kind != "keys":
+        raise ValueError(f"feature vectors have inconsistent sizes across partitions: {sizes}")
+    if not sizes:
         raise ValueError("the training dataset is empty")
-    return seen[0]
+    top = max((int(hi) << 31) + int(lo) for hi, lo in out[:, 1:])
+    num_features = top + 1 if prepared.features_kind == "keys" else sizes[0]
+    keyset = PSVector.sparse(max(num_features, 1), name=f"{job.topic}/keyset", context=ps)
+    job.call("keys", keyset=keyset.name)
+    counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    ps.client.call("keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets])
+    dense = prepared.features_kind != "keys" and num_features <= _DENSE_OUTPUT_LIMIT
+    return _KeySpace(keyset, int(sum(counts)), num_features, dense)
 
 
 def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
-    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression."""
+    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression.
+
+    The solver runs over the K keys the data touches (an untouched feature has zero
+    gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
+    however large the key space, and the driver holds none of them.
+    """
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)
     fit_intercept = bool(params["fitIntercept"])
@@ -209,25 +265,28 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         _HANDLERS,
         name=f"LogisticRegression(maxIter={params['maxIter']})",
     )
-    space = None
     with job:
-        d = _num_features(job)
-        space = PSVecSpace(ps, d + int(fit_intercept), prefix=job.topic)
+        ks = _key_space(job, ps, prepared)
+        space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic)
         try:
-            return _solve(job, space, d, fit_intercept, params)
+            return _solve(job, space, ks, fit_intercept, params)
         finally:
             space.release_all()
+            ks.keyset.drop()
 
 
-def _solve(job: PSJob, space: PSVecSpace, d: int, fit_intercept: bool, params: dict) -> TrainResult:
-    fit = _Fit(job, space, fit_intercept)
+def _solve(
+    job: PSJob, space: PSVecSpace, ks: _KeySpace, fit_intercept: bool, params: dict
+) -> TrainResult:
+    k = ks.size
+    fit = _Fit(job, space, fit_intercept, ks.keyset.name)
     mean, std, label_weight = fit.stats()
     if fit_intercept and np.count_nonzero(label_weight) == 1:
         log.warning(
             "all labels are %s and fitIntercept=true: coefficients are 0", int(label_weight[1] > 0)
         )
         b = math.inf if label_weight[1] > 0 else -math.inf
-        return TrainResult(np.zeros(d), b, [0.0], 0)
+        return _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
     mask = fit.coef_mask()
     vecs = build_lr_vectors(
         space,
@@ -261,10 +320,22 @@ def _solve(job: PSJob, space: PSVecSpace, d: int, fit_intercept: bool, params: d
         l1=vecs.l1_weight,
         callback=progress,
     )
-    b = float(res.x.pull(np.array([d]))[0]) if fit_intercept else 0.0
+    b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
     coef_h, intercept = original_space(space, res.x, vecs, b)
-    coef = coef_h.pull()[:d]
-    return TrainResult(coef, intercept, list(res.objective_history), res.n_iter)
+    keys, ids = ks.keyset.pull()  # every touched key and its compact id
+    coef = coef_h.pull(ids.astype(np.int64)) if keys.size else np.zeros(0)
+    return _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+
+
+def _result(ks: _KeySpace, keys, coef, intercept, history, iters) -> TrainResult:
+    if ks.dense_output:
+        dense = np.zeros(ks.num_features)
+        dense[keys] = coef
+        return TrainResult(dense, intercept, history, iters)
+    nz = coef != 0.0
+    return TrainResult(
+        coef[nz], intercept, history, iters, keys=keys[nz], num_features=ks.num_features
+    )
 
 
 register_trainer("lbfgs", train_lbfgs)
