@@ -165,3 +165,11 @@ def test_reduce_max_over_parts_and_dense_sum_in_part_order(ps):
     s.aggregate(np.array([2**45]), np.array([3.0]), round=4, part=0)
     s.reduce(4, how="max")
     np.testing.assert_array_equal(s.pull(np.array([7, 2**45])), [9.0, 3.0])
+
+
+def test_bounded_load_has_no_errors():
+    from bench.load import run
+
+    row = run(clients=3, requests=40, keys=500, shards=2)
+    assert row["errors"] == 0 and row["requests"] == 120
+    assert row["after MB"] < row["shard RSS before MB"] + 200  # no runaway growth
