@@ -239,6 +239,33 @@ def test_sparse_lr_export_stays_sparse_and_matches_numpy(spark, bridge):
     np.testing.assert_array_equal(out["prediction"], (1 / (1 + np.exp(-margin)) > 0.6) * 1.0)
 
 
+def test_large_coefficient_arrays_cross_intact(spark, bridge, monkeypatch):
+    """Arrays above the py4j threshold travel through a temporary file; nothing is lost."""
+    from spark_ps.ml import export
+
+    sent: list = []
+    spill = export._spill
+
+    def recording_spill(args, tmp):
+        sent.append(spill(args, tmp))
+        return sent[-1]
+
+    monkeypatch.setattr(export, "_spill", recording_spill)
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=300_000)  # 2.4 MB > the 1 MiB threshold
+    assert w.nbytes > export._FILE_THRESHOLD
+    dense = export.lr_to_mllib(spark, "lr_big", w, -0.25)
+    np.testing.assert_array_equal(dense.coefficients.toArray(), w)
+    assert isinstance(sent[-1][1], str) and sent[-1][1].endswith(".bin")  # went as a file
+    idx = np.sort(rng.choice(10_000_000, size=200_000, replace=False)).astype(np.int64)
+    vals = rng.normal(size=idx.size)
+    sparse = export.lr_to_mllib(spark, "lr_big_sparse", (idx, vals, 10_000_000), 0.5)
+    coef = sparse.coefficients
+    assert coef.size == 10_000_000 and sparse.intercept == 0.5
+    np.testing.assert_array_equal(coef.indices, idx)
+    np.testing.assert_array_equal(coef.values, vals)
+
+
 def test_gbt_export_predicts_exactly_like_mllib_and_numpy(exported):
     from pyspark.ml.classification import GBTClassificationModel
 

@@ -11,12 +11,14 @@ The jar must be on the driver's classpath. Start the session with it::
 
 In a session started without it, :func:`ensure_bridge` adds the jar to the driver's
 class loader when Spark's launcher made that loader extensible (pyspark's default), and
-otherwise raises an error that says how to add it. Arrays cross py4j as one ``bytes`` each
-(raw little-endian), never element by element.
+otherwise raises an error that says how to add it. Arrays cross to the JVM as one raw
+little-endian buffer each (``bytes`` through py4j, or a temporary file when large), never
+element by element.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,23 +116,41 @@ def _finite(a: np.ndarray, what: str) -> np.ndarray:
     return a
 
 
+#: Buffers above this size go to the JVM through a temporary file, not py4j (which moves
+#: ``bytes`` at a few tens of MB/s); the driver JVM always shares the Python driver's host.
+_FILE_THRESHOLD = 1 << 20
+
+
+def _spill(args: tuple, tmp: Path) -> list:
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, bytes) and len(a) > _FILE_THRESHOLD:
+            path = tmp / f"array{i}.bin"
+            path.write_bytes(a)
+            a = str(path)
+        out.append(a)
+    return out
+
+
 def _call(fn: Callable, *args: Any) -> Any:
     """Call a bridge method; the JVM's IllegalArgumentException comes back as ValueError.
 
-    pyspark already turns it into its own ``IllegalArgumentException``; a plain py4j error is
-    handled too, for gateways without pyspark's converter.
+    Large ``bytes`` arguments travel as temporary files (see ``LittleEndian.raw`` on the JVM).
+    pyspark turns an IllegalArgumentException into its own exception type; a plain py4j error
+    is handled too, for gateways without pyspark's converter.
     """
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import IllegalArgumentException
 
-    try:
-        return fn(*args)
-    except IllegalArgumentException as e:
-        raise ValueError(str(e).split("\n\nJVM stacktrace:")[0]) from None
-    except Py4JJavaError as e:
-        if e.java_exception.getClass().getName() == "java.lang.IllegalArgumentException":
-            raise ValueError(str(e.java_exception.getMessage())) from None
-        raise
+    with tempfile.TemporaryDirectory(prefix="spark-ps-export-") as tmp:
+        try:
+            return fn(*_spill(args, Path(tmp)))
+        except IllegalArgumentException as e:
+            raise ValueError(str(e).split("\n\nJVM stacktrace:")[0]) from None
+        except Py4JJavaError as e:
+            if e.java_exception.getClass().getName() == "java.lang.IllegalArgumentException":
+                raise ValueError(str(e.java_exception.getMessage())) from None
+            raise
 
 
 def _wrap(py_cls, java_model, params: Mapping[str, Any] | None):

@@ -1,15 +1,38 @@
 package io.sparkps.bridge;
 
+import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.file.Files;
+import java.nio.file.Path;
 
 /**
  * Raw little-endian buffers (numpy's {@code tobytes()} on x86/ARM) to and from Java arrays.
  *
  * <p>Arrays cross py4j and the PS wire as one {@code byte[]} each, never element by element.
+ * Large arrays from Python come as the path of a file holding the raw bytes instead (py4j
+ * moves {@code bytes} at a few tens of MB/s; a local file is read at disk-cache speed), so
+ * every array parameter of the bridge is an {@code Object}: a {@code byte[]} or a path.
  */
 public final class LittleEndian {
     private LittleEndian() {}
+
+    /** The raw bytes of {@code source}: a {@code byte[]} as is, or a path's whole content. */
+    public static byte[] raw(Object source, String what) {
+        if (source instanceof byte[] b) {
+            return b;
+        }
+        if (source instanceof String path) {
+            try {
+                return Files.readAllBytes(Path.of(path));
+            } catch (IOException e) {
+                throw new UncheckedIOException(what + ": cannot read " + path, e);
+            }
+        }
+        throw new IllegalArgumentException(what + ": expected byte[] or a file path, got "
+            + (source == null ? "null" : source.getClass().getName()));
+    }
 
     private static ByteBuffer wrap(byte[] raw, int width, String what) {
         if (raw == null) {
@@ -20,6 +43,21 @@ public final class LittleEndian {
                 + " bytes is not a multiple of the " + width + "-byte element (truncated?)");
         }
         return ByteBuffer.wrap(raw).order(ByteOrder.LITTLE_ENDIAN);
+    }
+
+    /** float64 values of a {@code byte[]} or file (see {@link #raw}). */
+    public static double[] doubles(Object source, String what) {
+        return doubles(raw(source, what), what);
+    }
+
+    /** int32 values of a {@code byte[]} or file (see {@link #raw}). */
+    public static int[] ints(Object source, String what) {
+        return ints(raw(source, what), what);
+    }
+
+    /** int64 values of a {@code byte[]} or file (see {@link #raw}). */
+    public static long[] longs(Object source, String what) {
+        return longs(raw(source, what), what);
     }
 
     /** float64 values. */

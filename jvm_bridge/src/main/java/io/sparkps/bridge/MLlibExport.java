@@ -18,7 +18,8 @@ import org.apache.spark.mllib.tree.impurity.VarianceCalculator;
  * Builds genuine MLlib models from arrays that spark-ps trained, with MLlib's own
  * constructors, so the result transforms, saves and loads exactly like a model MLlib fitted.
  *
- * <p>Arrays arrive as raw little-endian bytes (one py4j transfer per array). The tree layout
+ * <p>Arrays arrive as raw little-endian bytes, each a {@code byte[]} or the path of a file
+ * holding them (see {@link LittleEndian#raw}). The tree layout
  * is the spark-ps tree contract: parallel arrays, node 0 the root, children after parents,
  * {@code feature == -1} and {@code left == right == -1} at a leaf, {@code x[feature] <=
  * threshold} goes left.
@@ -28,7 +29,7 @@ public final class MLlibExport {
 
     /** Binomial LR with dense coefficients (float64 bytes, one per feature). */
     public static LogisticRegressionModel logisticRegression(
-            String uid, byte[] coefficients, double intercept) {
+            String uid, Object coefficients, double intercept) {
         double[] w = LittleEndian.doubles(coefficients, "LR coefficients");
         Matrix m = new DenseMatrix(1, w.length, w, true);
         return new LogisticRegressionModel(uid, m, Vectors.dense(new double[] {intercept}), 2,
@@ -41,7 +42,7 @@ public final class MLlibExport {
      * itself stores a compressed coefficient matrix.
      */
     public static LogisticRegressionModel logisticRegressionSparse(
-            String uid, int numFeatures, byte[] indices, byte[] values, double intercept) {
+            String uid, int numFeatures, Object indices, Object values, double intercept) {
         long[] idx = LittleEndian.longs(indices, "LR coefficient indices");
         double[] v = LittleEndian.doubles(values, "LR coefficient values");
         if (idx.length != v.length) {
@@ -66,7 +67,7 @@ public final class MLlibExport {
      * {@code intercepts} float64 {@code [numClasses]}.
      */
     public static LogisticRegressionModel multinomialLogisticRegression(
-            String uid, int numClasses, byte[] coefficients, byte[] intercepts) {
+            String uid, int numClasses, Object coefficients, Object intercepts) {
         double[] w = LittleEndian.doubles(coefficients, "LR coefficient matrix");
         double[] b = LittleEndian.doubles(intercepts, "LR intercepts");
         if (numClasses < 2 || b.length != numClasses || w.length % numClasses != 0) {
@@ -80,9 +81,9 @@ public final class MLlibExport {
 
     /** A binary GBT classifier (MLlib's logistic loss) from concatenated tree arrays. */
     public static GBTClassificationModel gbtClassifier(
-            String uid, int numFeatures, byte[] treeSizes, byte[] feature, byte[] threshold,
-            byte[] left, byte[] right, byte[] value, byte[] impurity, byte[] gain, byte[] count,
-            byte[] treeWeights) {
+            String uid, int numFeatures, Object treeSizes, Object feature, Object threshold,
+            Object left, Object right, Object value, Object impurity, Object gain, Object count,
+            Object treeWeights) {
         Trees t = new Trees(uid, numFeatures, treeSizes, feature, threshold, left, right, value,
             impurity, gain, count, treeWeights);
         return new GBTClassificationModel(uid, t.models, t.weights, numFeatures, 2);
@@ -90,9 +91,9 @@ public final class MLlibExport {
 
     /** A GBT regressor from concatenated tree arrays (see {@link #gbtClassifier}). */
     public static GBTRegressionModel gbtRegressor(
-            String uid, int numFeatures, byte[] treeSizes, byte[] feature, byte[] threshold,
-            byte[] left, byte[] right, byte[] value, byte[] impurity, byte[] gain, byte[] count,
-            byte[] treeWeights) {
+            String uid, int numFeatures, Object treeSizes, Object feature, Object threshold,
+            Object left, Object right, Object value, Object impurity, Object gain, Object count,
+            Object treeWeights) {
         Trees t = new Trees(uid, numFeatures, treeSizes, feature, threshold, left, right, value,
             impurity, gain, count, treeWeights);
         return new GBTRegressionModel(uid, t.models, t.weights, numFeatures);
@@ -103,9 +104,9 @@ public final class MLlibExport {
         final DecisionTreeRegressionModel[] models;
         final double[] weights;
 
-        Trees(String uid, int numFeatures, byte[] treeSizes, byte[] feature, byte[] threshold,
-                byte[] left, byte[] right, byte[] value, byte[] impurity, byte[] gain,
-                byte[] count, byte[] treeWeights) {
+        Trees(String uid, int numFeatures, Object treeSizes, Object feature, Object threshold,
+                Object left, Object right, Object value, Object impurity, Object gain,
+                Object count, Object treeWeights) {
             int[] sizes = LittleEndian.ints(treeSizes, "tree sizes");
             weights = LittleEndian.doubles(treeWeights, "treeWeights");
             if (sizes.length != weights.length || sizes.length == 0) {

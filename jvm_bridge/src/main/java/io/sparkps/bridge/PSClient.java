@@ -1,16 +1,25 @@
 package io.sparkps.bridge;
 
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+
 /**
  * Reads a model's parameters from the PS shards, so JVM code (a Scala stage, a serving job)
  * can use what spark-ps trained.
  *
  * <p>Dense tensors are range-partitioned exactly as {@code ps_server.keys.range_bounds}: the
  * first {@code dim % numShards} shards own one extra key. Values come back row-major
- * ({@code cols} per key) as float64, whatever the stored dtype.
+ * ({@code cols} per key) as float64, whatever the stored dtype. A pull is split into requests
+ * of at most {@code maxMessageBytes} that run concurrently (up to 8 at a time).
  */
 public class PSClient implements AutoCloseable {
     private final PSCoordinatorClient ps;
     private final long maxMessageBytes;
+    private ExecutorService pool;
 
     /**
      * @param address coordinator {@code host:port} ({@code spark.ps.address})
@@ -89,16 +98,45 @@ public class PSClient implements AutoCloseable {
         long[] bounds = rangeBounds(spec.dim(), shards.length);
         long rows = Math.max(1, maxMessageBytes / (8 * spec.cols()));
         double[] out = new double[(int) n];
+        List<Future<?>> parts = new ArrayList<>();
         for (int s = 0; s < shards.length; s++) {
             long lo = Math.max(start, bounds[s]);
             long hi = Math.min(stop, bounds[s + 1]);
             for (long i = lo; i < hi; i += rows) {
-                long j = Math.min(hi, i + rows);
-                double[] part = pullChunk(shards[s], spec, i, j);
-                System.arraycopy(part, 0, out, (int) ((i - start) * spec.cols()), part.length);
+                String shard = shards[s];
+                long a = i;
+                long b = Math.min(hi, i + rows);
+                parts.add(pool().submit(() -> {
+                    double[] part = pullChunk(shard, spec, a, b);
+                    System.arraycopy(part, 0, out, (int) ((a - start) * spec.cols()), part.length);
+                }));
+            }
+        }
+        for (Future<?> f : parts) {
+            try {
+                f.get();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("interrupted while pulling " + spec.name(), e);
+            } catch (ExecutionException e) {
+                if (e.getCause() instanceof RuntimeException r) {
+                    throw r;
+                }
+                throw new IllegalStateException(e.getCause());
             }
         }
         return out;
+    }
+
+    private synchronized ExecutorService pool() {
+        if (pool == null) {
+            pool = Executors.newFixedThreadPool(8, r -> {
+                Thread t = new Thread(r, "spark-ps-pull");
+                t.setDaemon(true);
+                return t;
+            });
+        }
+        return pool;
     }
 
     private double[] pullChunk(String shard, PSCoordinatorClient.ModelSpec spec, long i, long j) {
@@ -128,6 +166,11 @@ public class PSClient implements AutoCloseable {
 
     @Override
     public void close() {
+        synchronized (this) {
+            if (pool != null) {
+                pool.shutdownNow();
+            }
+        }
         ps.close();
     }
 }
