@@ -59,6 +59,7 @@ class Case:
     train: Any
     test: Any
     features_col: str = "features"
+    rows: int | None = None  # generated train rows (synthetic/dense), for child re-runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,7 +137,7 @@ def build_cases(spark: Any, args: argparse.Namespace) -> list[Case]:
             te = synthetic_ctr(
                 spark, test_rows, log2, args.nnz, args.seed, args.partitions, start=args.rows
             )
-            cases.append(Case("synthetic", f"2^{log2}", log2, tr, te, col))
+            cases.append(Case("synthetic", f"2^{log2}", log2, tr, te, col, args.rows))
         if "flights" in datasets:
             tr, te = flights_ctr(spark, log2_dim=log2, fraction=args.flights_fraction)
             col = "features" if log2 <= MAX_VECTOR_LOG2 else "keys"
@@ -151,7 +152,7 @@ def build_cases(spark: Any, args: argparse.Namespace) -> list[Case]:
         rows = args.huge_rows or args.rows
         tr = synthetic_ctr(spark, rows, 30, args.nnz, args.seed, args.partitions)
         te = synthetic_ctr(spark, test_rows, 30, args.nnz, args.seed, args.partitions, start=rows)
-        cases.append(Case("synthetic", "2^30", 30, tr, te))
+        cases.append(Case("synthetic", "2^30", 30, tr, te, rows=rows))
     return cases
 
 
@@ -203,9 +204,11 @@ def _failure(exc: Exception) -> str:
 
 
 def _child_argv(impl: str, case: Case, args: argparse.Namespace, target: float | None):
-    """Command line that re-runs one (impl, synthetic case) of this run in a child."""
-    argv = [sys.executable, "-m", "bench.lr", "--impl", impl, "--datasets", "synthetic"]
-    argv += ["--log2-dims", str(case.log2_dim), "--rows", str(args.huge_rows or args.rows)]
+    """Command line that re-runs one (impl, case) of this run in a child process."""
+    dataset = "flights" if case.dataset.startswith("flights") else case.dataset
+    argv = [sys.executable, "-m", "bench.lr", "--impl", impl, "--datasets", dataset]
+    argv += ["--log2-dims", str(case.log2_dim), "--rows", str(case.rows or args.rows)]
+    argv += ["--flights-fraction", str(args.flights_fraction)]
     argv += ["--test-rows", str(args.test_rows or max(args.rows // 4, 1))]
     argv += ["--isolate-log2", "99", "--driver-memory", args.driver_memory]
     for flag in ("max_iter", "reg_param", "elastic_net_param", "tol", "standardization"):
