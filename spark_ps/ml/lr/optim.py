@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 from spark_ps.ml.lr.vecspace import VecSpace
 
 __all__ = ["minimize_lbfgs", "MinimizeResult", "IterationInfo"]
@@ -94,6 +96,8 @@ class _Solver(Generic[V]):
         self.f = self.adj_f = self.ft = self.adj_ft = 0.0
         self.gnorm = 0.0
         self.iter = 0
+        self._version: dict[int, int] = {}  # bumped when a history vector is overwritten
+        self._gcache: dict = {}  # dot products between history vectors
 
     # ------------------------------------------------------------ evaluations
 
@@ -117,30 +121,63 @@ class _Solver(Generic[V]):
     # ------------------------------------------------------------ direction
 
     def direction(self) -> None:
-        """``d = -H * grad`` by the two-loop recursion (breeze's ApproximateInverseHessian)."""
+        """``d = -H * grad`` by the two-loop recursion (breeze's ApproximateInverseHessian).
+
+        Vector-free form (Chen et al., 2014): the recursion runs on the Gram matrix of
+        the basis ``[s_0..s_k-1, y_0..y_k-1, grad]`` and builds ``d`` as one linear
+        combination, so a PS backend pays two round trips instead of ``4k + 3``. Dot
+        products of history vectors are cached until those vectors are overwritten.
+        """
         sp, d = self.space, self.d
-        sp.copy(d, self._adjusted_grad())
+        q = self._adjusted_grad()
         k = len(self.s)
-        diag = 1.0
-        if k:
+        if not k:
+            sp.lincomb(d, [(-1.0, q)])
+        else:
             sy = self.rho[0]
             if sy < 0 or math.isnan(sy) or 0.0 in (self.yy0, *self.rho):
                 raise _StepFailure(f"unusable L-BFGS history (s'y = {sy}, y'y = {self.yy0})")
-            diag = sy / self.yy0
-        alphas = []
-        for i in range(k):
-            a = sp.dot(self.s[i], d) / self.rho[i]
-            if math.isnan(a):
-                raise _StepFailure("NaN in the L-BFGS history")
-            alphas.append(a)
-            sp.axpy(-a, self.y[i], d)
-        sp.scale(diag, d)
-        for i in range(k - 1, -1, -1):
-            beta = sp.dot(self.y[i], d) / self.rho[i]
-            sp.axpy(alphas[i] - beta, self.s[i], d)
-        sp.scale(-1.0, d)
+            basis = self.s + self.y + [q]
+            gram = self._gram(basis)
+            delta = np.zeros(2 * k + 1)
+            delta[2 * k] = 1.0
+            alphas = []
+            for i in range(k):
+                a = float(gram[i] @ delta) / self.rho[i]
+                if math.isnan(a):
+                    raise _StepFailure("NaN in the L-BFGS history")
+                alphas.append(a)
+                delta[k + i] -= a
+            delta *= sy / self.yy0
+            for i in range(k - 1, -1, -1):
+                beta = float(gram[k + i] @ delta) / self.rho[i]
+                delta[i] += alphas[i] - beta
+            sp.lincomb(d, [(-float(c), b) for c, b in zip(delta, basis, strict=True)])
         if self.l1 is not None:
             sp.apply("owlqn_constrain_direction", d, self.pg)
+
+    def _gram(self, basis: list) -> np.ndarray:
+        """Dot products of the basis; the last vector (the gradient) is always new."""
+        n = len(basis)
+        keys = [(id(h), self._version.get(id(h), 0)) for h in basis[:-1]] + [None]
+        gram = np.empty((n, n))
+        missing = []
+        for i in range(n):
+            for j in range(i, n):
+                hit = self._gcache.get((keys[i], keys[j])) if keys[j] is not None else None
+                if hit is None:
+                    missing.append((i, j))
+                else:
+                    gram[i, j] = gram[j, i] = hit
+        values = self.space.dots([(basis[i], basis[j]) for i, j in missing])
+        cache = {}
+        for (i, j), v in zip(missing, values, strict=True):
+            gram[i, j] = gram[j, i] = v
+        for i in range(n - 1):
+            for j in range(i, n - 1):
+                cache[(keys[i], keys[j])] = gram[i, j]
+        self._gcache = cache
+        return gram
 
     def reset_history(self) -> None:
         for h in self.s + self.y:
@@ -155,14 +192,15 @@ class _Solver(Generic[V]):
             self.rho.pop()
         else:
             s, y = sp.new(f"lbfgs.s{len(self.s)}"), sp.new(f"lbfgs.y{len(self.y)}")
-        sp.copy(s, self.xt)
-        sp.axpy(-1.0, self.x, s)
-        sp.copy(y, self.gt)
-        sp.axpy(-1.0, self.g, y)
+        sp.lincomb(s, [(1.0, self.xt), (-1.0, self.x)])
+        sp.lincomb(y, [(1.0, self.gt), (-1.0, self.g)])
+        for h in (s, y):
+            self._version[id(h)] = self._version.get(id(h), 0) + 1
         self.s.insert(0, s)
         self.y.insert(0, y)
-        self.rho.insert(0, sp.dot(s, y))
-        self.yy0 = sp.dot(y, y)
+        sy, yy = sp.dots([(s, y), (y, y)])
+        self.rho.insert(0, sy)
+        self.yy0 = yy
 
     def accept(self) -> None:
         """Make the trial point current (swap handles; nothing is copied)."""
@@ -182,8 +220,7 @@ class _Solver(Generic[V]):
     def _phi(self, t: float) -> _Point:
         """Evaluate at ``x + t*d`` into the trial vectors."""
         sp = self.space
-        sp.copy(self.xt, self.x)
-        sp.axpy(t, self.d, self.xt)
+        sp.lincomb(self.xt, [(1.0, self.x), (t, self.d)])
         self.ft = self._eval(self.xt, self.gt)
         return _Point(t, self.ft, sp.dot(self.gt, self.d))
 

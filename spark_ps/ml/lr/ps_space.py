@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from spark_ps.models import PSVector
 
 __all__ = ["PSVecSpace"]
@@ -50,6 +52,26 @@ class PSVecSpace:
 
     def apply(self, kernel: str, out: PSVector, *inputs: PSVector, **scalars: float) -> float:
         return out.apply(kernel, *inputs, **scalars)
+
+    def dots(self, pairs: list[tuple[PSVector, PSVector]]) -> list[float]:
+        """All dot products in one request per shard; the partials are summed here."""
+        if not pairs:
+            return []
+        models, index = [], {}
+        for v in (v for pair in pairs for v in pair):
+            if v.name not in index:
+                index[v.name] = len(models)
+                models.append(v.spec)
+        ij = [(index[x.name], index[y.name]) for x, y in pairs]
+        out = self.context.client.call("linalg.dots", models, {"pairs": ij})
+        return [float(v) for v in np.sum([arrays[0] for _, arrays in out], axis=0)]
+
+    def lincomb(self, out: PSVector, terms: list[tuple[float, PSVector]]) -> None:
+        self.context.client.call(
+            "linalg.lincomb",
+            [out.spec, *[v.spec for _, v in terms]],
+            {"coeffs": [float(c) for c, _ in terms]},
+        )
 
     def release(self, x: PSVector) -> None:
         self.live.pop(x.name, None)

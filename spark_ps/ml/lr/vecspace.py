@@ -71,6 +71,14 @@ class VecSpace(Protocol[V]):
         """Run kernel ``kernel`` over co-located slices; return the sum of its partials."""
         ...
 
+    def dots(self, pairs: list[tuple[V, V]]) -> list[float]:
+        """Many dot products in one pass (one round trip on the PS)."""
+        ...
+
+    def lincomb(self, out: V, terms: list[tuple[float, V]]) -> None:
+        """``out = sum(c * v for c, v in terms)``; ``out`` may appear in ``terms``."""
+        ...
+
     def release(self, x: V) -> None:
         """Free ``x``; the handle must not be used afterwards."""
         ...
@@ -165,6 +173,15 @@ class NumpyVecSpace:
         for s in self._slices:
             total += float(fn(*(a[s] for a in arrays), **scalars))
         return total
+
+    def dots(self, pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[float]:
+        return [self.dot(x, y) for x, y in pairs]
+
+    def lincomb(self, out: np.ndarray, terms: list[tuple[float, np.ndarray]]) -> None:
+        acc = float(terms[0][0]) * self._own(terms[0][1])
+        for c, v in terms[1:]:
+            acc += float(c) * self._own(v)
+        self._own(out)[...] = acc
 
     # ---------------------------------------------------------------- checks
 
