@@ -7,7 +7,7 @@ Spark application, Scala included, without spark-ps.
 
 The jar must be on the driver's classpath. Start the session with it::
 
-    SparkSession.builder.config("spark.jars", spark_ps.ml.export.bridge_jar())
+    SparkSession.builder.config("spark.jars", str(spark_ps.ml.export.bridge_jar()))
 
 In a session started without it, :func:`ensure_bridge` adds the jar to the driver's
 class loader when Spark's launcher made that loader extensible (pyspark's default), and
@@ -67,11 +67,17 @@ def _loaded(jvm) -> bool:
 
 
 def _add_to_driver_loader(jvm, jar: Path) -> bool:
-    """Add ``jar`` to the driver's context class loader if it accepts URLs (spark-submit's)."""
+    """Add ``jar`` to the driver's context class loader if it takes URLs (spark-submit's
+    MutableURLClassLoader and its child-first variant do)."""
+    from py4j.protocol import Py4JError
+
     loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    if loader is None or "MutableURLClassLoader" not in loader.getClass().getName():
+    if loader is None:
         return False
-    loader.addURL(jvm.java.io.File(str(jar)).toURI().toURL())
+    try:
+        loader.addURL(jvm.java.io.File(str(jar)).toURI().toURL())
+    except Py4JError:  # no public addURL on this loader
+        return False
     return True
 
 
