@@ -99,6 +99,7 @@ def test_executors_increment_a_2pow40_sparse_vector_exactly(spark_ps):
     np.testing.assert_array_equal(k, uniq)
 
 
+@pytest.mark.slow
 def test_shard_sigkill_is_restarted_and_clients_retry():
     ps = PSContext.start(numShards=2)  # a PS of its own: we are about to break it
     try:

@@ -61,6 +61,7 @@ def test_regressor_matches_mllib(spark_ps, data):
     np.testing.assert_allclose(_probs(ours, data), _probs(ref, data), rtol=0, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_same_trees_for_any_partitioning_and_after_a_retry(spark_ps, data, tmp_path):
     params = dict(maxIter=4, maxDepth=4, subsamplingRate=0.7, featureSubsetStrategy="sqrt")
     one = GBTClassifier(numWorkers=1, **params).fit(data.repartition(1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from spark_ps import PSVector
 from spark_ps.data import read_partition
@@ -51,6 +52,7 @@ def _reference(rows):
     return ref
 
 
+@pytest.mark.slow
 def test_one_job_serves_many_rounds_and_retry_replaces(spark_ps, tmp_path):
     spark, ps = spark_ps
     df, rows = _data(spark)

@@ -652,6 +652,7 @@ _KILL_JOB = textwrap.dedent(
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_spark_submit_plugin_listener_survives_a_killed_executor(bridge_jar, own_ps, tmp_path):
     """spark-submit --jars/--conf spark.plugins on local-cluster[2,1,1024] with an external PS:
     a worker's executor JVM is SIGKILLed while its peer waits on an SSP clock; the listener

@@ -75,6 +75,7 @@ def test_weighted_sparse_matches_mllib(spark_ps):
     assert ours.summary.areaUnderROC == pytest.approx(ref.summary.areaUnderROC, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_task_failing_once_mid_fit_gives_the_clean_coefficients(spark_ps, tmp_path):
     spark, _ = spark_ps
     df = _dense_df(spark, n=800, d=6, seed=9)
@@ -118,3 +119,11 @@ def test_long_keys_beyond_2pow31_match_the_same_data_as_vectors(spark_ps):
     p_ours = ours.transform(kdf).select("probability").collect()
     p_ref = ref.transform(vdf).select("probability").collect()
     np.testing.assert_allclose([r[0][1] for r in p_ours], [r[0][1] for r in p_ref], rtol=1e-6)
+
+
+def test_summary_reports_when_each_iteration_ended(spark_ps):
+    spark, _ = spark_ps
+    model = LogisticRegression(maxIter=8, regParam=0.01).fit(_dense_df(spark, n=500, d=4))
+    ts = model.summary.iterationTimestamps
+    assert len(ts) == len(model.summary.objectiveHistory)
+    assert all(b >= a for a, b in zip(ts, ts[1:], strict=False)) and ts[0] > 0

@@ -254,6 +254,7 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
     however large the key space, and the driver holds none of them.
     """
+    t_start = time.perf_counter()
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)
     fit_intercept = bool(params["fitIntercept"])
@@ -269,14 +270,14 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         ks = _key_space(job, ps, prepared)
         space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic)
         try:
-            return _solve(job, space, ks, fit_intercept, params)
+            return _solve(job, space, ks, fit_intercept, params, t_start)
         finally:
             space.release_all()
             ks.keyset.drop()
 
 
 def _solve(
-    job: PSJob, space: PSVecSpace, ks: _KeySpace, fit_intercept: bool, params: dict
+    job: PSJob, space: PSVecSpace, ks: _KeySpace, fit_intercept: bool, params: dict, t_start: float
 ) -> TrainResult:
     k = ks.size
     fit = _Fit(job, space, fit_intercept, ks.keyset.name)
@@ -302,7 +303,17 @@ def _solve(
     initial_point(space, x, mask, label_weight, fit_intercept)
     t0 = time.perf_counter()
 
+    stamps: list[float] = []
+    evaluate = fit.objective(vecs)
+
+    def timed_evaluate(x, g) -> float:
+        value = evaluate(x, g)
+        if not stamps:  # the initial point: objectiveHistory[0]
+            stamps.append(time.perf_counter() - t_start)
+        return value
+
     def progress(info) -> None:
+        stamps.append(time.perf_counter() - t_start)
         log.info(
             "LogisticRegression iteration %d: loss %.6g (%.1fs)",
             info.iteration,
@@ -312,7 +323,7 @@ def _solve(
 
     res = minimize_lbfgs(
         space,
-        fit.objective(vecs),
+        timed_evaluate,
         x,
         max_iter=params["maxIter"],
         tol=params["tol"],
@@ -324,7 +335,9 @@ def _solve(
     coef_h, intercept = original_space(space, res.x, vecs, b)
     keys, ids = ks.keyset.pull()  # every touched key and its compact id
     coef = coef_h.pull(ids.astype(np.int64)) if keys.size else np.zeros(0)
-    return _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+    result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+    result.iteration_timestamps = stamps
+    return result
 
 
 def _result(ks: _KeySpace, keys, coef, intercept, history, iters) -> TrainResult:

@@ -53,6 +53,7 @@ class TrainResult:
     total_iterations: int
     keys: np.ndarray | None = None
     num_features: int | None = None
+    iteration_timestamps: Sequence[float] | None = None  # seconds since the fit started
 
 
 Trainer = Callable[[PreparedData, dict[str, Any]], TrainResult]
@@ -300,6 +301,7 @@ class LogisticRegression(
         model._resetUid(self.uid)
         self._copyValues(model)
         model._set_training_summary(dataset, result.objective_history, result.total_iterations)
+        model._timestamps = list(result.iteration_timestamps or [])
         return model
 
     def _check_labels(self, dataset: DataFrame) -> None:

@@ -255,6 +255,7 @@ class LogisticRegressionModel(
             raise RuntimeError(f"No training summary available for this {type(self).__name__}")
         if self._summary is None:
             self._summary = self._make_summary(*self._training)
+            self._summary._iteration_timestamps = list(getattr(self, "_timestamps", []))
         return self._summary
 
     def _set_training_summary(

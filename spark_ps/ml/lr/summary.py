@@ -49,6 +49,11 @@ class _TrainingTrace:
         """Number of training iterations until termination."""
         return self._total_iterations
 
+    @property
+    def iterationTimestamps(self) -> list[float]:
+        """Seconds since the fit started at each `objectiveHistory` entry (spark-ps only)."""
+        return list(getattr(self, "_iteration_timestamps", []))
+
 
 class LogisticRegressionTrainingSummary(
     _TrainingTrace, LogisticRegressionSummary, _mllib.LogisticRegressionTrainingSummary
