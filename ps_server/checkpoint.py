@@ -27,6 +27,8 @@ _VERSION = re.compile(r"^v(\d{6,})$")
 
 
 def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    if not uri:
+        raise RequestError("INVALID_ARGUMENT", "checkpoint uri must not be empty")
     if "://" not in uri:
         return pafs.LocalFileSystem(), os.path.abspath(uri)
     return pafs.FileSystem.from_uri(uri)

@@ -154,3 +154,9 @@ def test_vector_op_on_non_colocated_vectors_refused(ps, model):
     with pytest.raises(PSError, match="not co-located"):
         model.dot(other)
     _unchanged(model)
+
+
+def test_checkpoint_without_a_uri_is_refused(raw):
+    err = _call(raw, "Checkpoint", pb.CheckpointRequest(uri="", version=0))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "checkpoint uri must not be empty" in err.details()
