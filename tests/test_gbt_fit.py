@@ -76,3 +76,19 @@ def test_same_trees_for_any_partitioning_and_after_a_retry(spark_ps, data, tmp_p
     for other in (two, retried):
         assert other.toDebugString.split("\n", 1)[1] == one.toDebugString.split("\n", 1)[1]
         np.testing.assert_array_equal(_probs(other, data), _probs(one, data))
+
+
+def test_to_mllib_round_trip_through_stock_load(spark_ps, data, tmp_path):
+    from pyspark.ml.classification import GBTClassificationModel as MLlibModel
+    from pyspark.ml.classification import LogisticRegressionModel as MLlibLRModel
+
+    from spark_ps.ml.classification import LogisticRegression
+
+    ours = GBTClassifier(maxIter=3, maxDepth=3).fit(data)
+    ours.toMLlib().save(str(tmp_path / "gbt"))
+    stock = MLlibModel.load(str(tmp_path / "gbt"))
+    np.testing.assert_array_equal(_probs(stock, data), _probs(ours, data))
+    lr = LogisticRegression(maxIter=10, regParam=0.01).fit(data)
+    lr.toMLlib().save(str(tmp_path / "lr"))
+    stock_lr = MLlibLRModel.load(str(tmp_path / "lr"))
+    np.testing.assert_allclose(_probs(stock_lr, data), _probs(lr, data), rtol=1e-12)

@@ -286,6 +286,32 @@ class _GBTModelMixin(ArraysWritable):
             for t, uid in zip(self._trees, self._tree_uids, strict=True)
         ]
 
+    def toMLlib(self):
+        """This model as a genuine MLlib ``GBTClassificationModel`` / ``GBTRegressionModel``,
+        built on the JVM by the spark-ps bridge (same trees, weights, uid and Params)."""
+        from pyspark.ml.classification import GBTClassifier as MLlibGBTC
+        from pyspark.ml.regression import GBTRegressor as MLlibGBTR
+        from pyspark.sql import SparkSession
+
+        from spark_ps.ml.export import gbt_to_mllib
+
+        classifier = isinstance(self, GBTClassificationModel)
+        ref = MLlibGBTC() if classifier else MLlibGBTR()
+        params = {
+            p.name: self.getOrDefault(p)
+            for p in self.params
+            if self.isDefined(p) and ref.hasParam(p.name)
+        }
+        return gbt_to_mllib(
+            SparkSession.active(),
+            self.uid,
+            self._trees,
+            np.asarray(self.treeWeights),
+            self.numFeatures,
+            classifier,
+            params=params,
+        )
+
     @property
     def treeArrays(self) -> list[TreeArrays]:
         """The trees as TreeArrays (spark-ps addition)."""

@@ -265,6 +265,29 @@ class LogisticRegressionModel(
         self._training = (dataset, list(objective_history), int(total_iterations))
         self._summary = None
 
+    def toMLlib(self):
+        """This model as a genuine ``pyspark.ml.classification.LogisticRegressionModel``.
+
+        Built on the JVM by the spark-ps bridge with the same coefficients, intercept, uid
+        and Params; it ``save()``s to a path any Spark application (Scala included) can
+        ``load()`` with stock MLlib.
+        """
+        from pyspark.ml.classification import LogisticRegression as MLlibLR
+        from pyspark.sql import SparkSession
+
+        from spark_ps.ml.export import lr_to_mllib
+
+        ref = MLlibLR()
+        params = {
+            p.name: self.getOrDefault(p)
+            for p in self.params
+            if self.isDefined(p) and ref.hasParam(p.name)
+        }
+        coef = (
+            self._values if self._keys is None else (self._keys, self._values, self._num_features)
+        )
+        return lr_to_mllib(SparkSession.active(), self.uid, coef, self.intercept, params=params)
+
     def evaluate(self, dataset: DataFrame) -> LogisticRegressionSummary:
         """Evaluates the model on a test dataset (MLlib's summary and metrics)."""
         if not isinstance(dataset, DataFrame):
