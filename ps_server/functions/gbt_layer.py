@@ -20,15 +20,15 @@ __all__ = ["SERVER_FUNCTIONS", "layer_splits"]
 
 def _blocks(tensor, n_slots: int, n_bins: int) -> np.ndarray:
     """A tensor's local rows as histograms [n_slots, f_local, n_bins, 4]."""
-    f = tensor.spec.length
+    f, width = tensor.spec.length, n_slots * n_bins * 4
     rows = tensor.store.slot("w")[:f]
-    if rows.shape[1] != n_slots * n_bins * 4:
+    if rows.shape[1] < width:
         raise RequestError(
             "INVALID_ARGUMENT",
-            f"{tensor.where}: rows of {rows.shape[1]} values do not hold "
+            f"{tensor.where}: rows of {rows.shape[1]} values cannot hold "
             f"{n_slots} slots x {n_bins} bins x 4 stats",
         )
-    return rows.reshape(f, n_slots, n_bins, 4).transpose(1, 0, 2, 3)
+    return rows[:, :width].reshape(f, n_slots, n_bins, 4).transpose(1, 0, 2, 3)
 
 
 def layer_splits(tensors, args: dict, arrays: list[np.ndarray]):
@@ -52,10 +52,11 @@ def layer_splits(tensors, args: dict, arrays: list[np.ndarray]):
     else:
         full = small
     n_open = full.shape[0]
+    width = n_open * n_bins * 4
     want = full_t.store.slot("w")
-    if want.shape[1] != n_open * n_bins * 4:
-        raise RequestError("INVALID_ARGUMENT", f"{full_t.where}: wrong width for {n_open} nodes")
-    want[: full_t.spec.length] = full.transpose(1, 0, 2, 3).reshape(full_t.spec.length, -1)
+    if want.shape[1] < width:
+        raise RequestError("INVALID_ARGUMENT", f"{full_t.where}: too narrow for {n_open} nodes")
+    want[: full_t.spec.length, :width] = full.transpose(1, 0, 2, 3).reshape(full_t.spec.length, -1)
     offset = small_t.spec.offset
     mask = args.get("feature_mask")
     if mask is not None:

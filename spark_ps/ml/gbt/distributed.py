@@ -179,7 +179,7 @@ def _compute_targets(s: dict, tree: int) -> np.ndarray:
 def _targets(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     s = ctx.state
     t = _compute_targets(s, cmd["tree"])
-    lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)
+    lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)  # -lo: -inf
     _per_part(ctx, round_, cmd["n_workers"], [-lo, hi])
 
 
@@ -226,7 +226,8 @@ def _hist(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         s["bins"], slot, s["row_stats"], cmd["n_slots"], cmd["n_bins"], unit_weight=s["unit"]
     )
     f = hist.shape[1]
-    rows = hist.transpose(1, 0, 2, 3).reshape(f, -1)
+    rows = np.zeros((f, cmd["width"]), dtype=np.int64)
+    rows[:, : hist.size // f] = hist.transpose(1, 0, 2, 3).reshape(f, -1)
     ctx.tensor(cmd["tensor"]).aggregate(np.arange(f), rows, round=round_, part=ctx.part)
     ctx.contribute(round_, [1.0])
 
@@ -254,7 +255,11 @@ def _finish(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         ]
     else:
         out += [0.0, 0.0]
-    ctx.contribute(round_, out)
+    # the next tree's pseudo-residual bounds ride along (saves a round per tree)
+    t = _compute_targets(s, cmd["tree"] + 1)
+    bounds = np.zeros((cmd["n_workers"], 2))
+    bounds[ctx.part] = (-float(t.min()), float(t.max())) if t.size else (-np.inf, -np.inf)
+    ctx.contribute(round_, np.concatenate([out, bounds.ravel()]))
 
 
 _HANDLERS = {
@@ -296,9 +301,40 @@ def _thresholds(job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p) -
     return split_thresholds(sketch, max_bins)
 
 
+class _HistPool:
+    """The fit's histogram tensors, reused across layers and trees (no create/drop per
+    layer): one for the pushed smaller-child histograms and two that take turns holding
+    a layer's full histograms. A tensor is recreated only when a wider one is needed;
+    layers use the leading columns of each row."""
+
+    def __init__(self, ps, prefix: str, n_features: int):
+        self.ps, self.prefix, self.n_features = ps, prefix, n_features
+        self.tensors: dict[str, PSMatrix] = {}
+
+    def get(self, role: str, width: int) -> PSMatrix:
+        t = self.tensors.get(role)
+        if t is None or t.spec.cols < width:
+            if t is not None:
+                t.drop()
+            t = PSMatrix.dense(
+                self.n_features,
+                width,
+                name=f"{self.prefix}/{role}/{width}",
+                dtype="int64",
+                context=self.ps,
+            )
+            self.tensors[role] = t
+        return t
+
+    def drop(self) -> None:
+        for t in self.tensors.values():
+            t.drop()
+        self.tensors.clear()
+
+
 def _grow(
     job: PSJob,
-    ps,
+    pool: _HistPool,
     tree: int,
     thresholds,
     n_bins: int,
@@ -321,58 +357,53 @@ def _grow(
     )
     split_kw = dict(builder.split_kw, scale=list(scale))
     prev, n_prev, layer = None, 0, 0
-    try:
-        while not builder.done:
-            plan = builder.histogram_plan()
-            n_slots = 1 if plan is None else plan.n_slots
-            slot_of_node = [0] if plan is None else plan.slot_of_node.tolist()
-            n_open = len(builder.open)
-            name = f"{job.topic}/t{tree}/l{layer}"
-            small = PSMatrix.dense(
-                n_features, n_slots * n_bins * 4, name=f"{name}/small", dtype="int64", context=ps
+    while not builder.done:
+        plan = builder.histogram_plan()
+        n_slots = 1 if plan is None else plan.n_slots
+        slot_of_node = [0] if plan is None else plan.slot_of_node.tolist()
+        n_open = len(builder.open)
+        small = pool.get("small", n_slots * n_bins * 4)
+        full = pool.get("full-b" if layer % 2 else "full-a", n_open * n_bins * 4)
+        r = job.command(
+            "hist",
+            tree=tree,
+            layer=layer,
+            tensor=small.name,
+            width=small.spec.cols,
+            n_slots=n_slots,
+            n_bins=n_bins,
+            slot_of_node=slot_of_node,
+            scale=list(scale),
+            seed=p.seed + tree,
+            subsampling_rate=p.subsamplingRate,
+            routing=_routing(builder) if layer else None,
+        )
+        job.collect(r)
+        if layer and on_layer is not None:
+            on_layer(_routing(builder))
+        args = {
+            "round": r,
+            "n_slots": n_slots,
+            "n_bins": n_bins,
+            "split_kw": split_kw,
+            "n_open": n_open,
+        }
+        models = [small.spec, full.spec]
+        if plan is not None:
+            args.update(
+                n_prev=n_prev,
+                parent_slots=plan.parent_slots.tolist(),
+                small_is_left=plan.small_is_left.tolist(),
+                pick=plan.pick.tolist(),
+                pick_left=plan.pick_left.tolist(),
             )
-            full = PSMatrix.dense(
-                n_features, n_open * n_bins * 4, name=f"{name}/full", dtype="int64", context=ps
-            )
-            r = job.command(
-                "hist",
-                tree=tree,
-                layer=layer,
-                tensor=small.name,
-                n_slots=n_slots,
-                n_bins=n_bins,
-                slot_of_node=slot_of_node,
-                scale=list(scale),
-                seed=p.seed + tree,
-                subsampling_rate=p.subsamplingRate,
-                routing=_routing(builder) if layer else None,
-            )
-            job.collect(r)
-            if layer and on_layer is not None:
-                on_layer(_routing(builder))
-            args = {"round": r, "n_slots": n_slots, "n_bins": n_bins, "split_kw": split_kw}
-            models = [small.spec, full.spec]
-            if plan is not None:
-                args.update(
-                    n_prev=n_prev,
-                    parent_slots=plan.parent_slots.tolist(),
-                    small_is_left=plan.small_is_left.tolist(),
-                    pick=plan.pick.tolist(),
-                    pick_left=plan.pick_left.tolist(),
-                )
-                models.append(prev.spec)
-            mask = builder.feature_mask()
-            if mask is not None:
-                args["feature_mask"] = mask.astype(int).tolist()
-            out = ps.client.call("gbt_layer.splits", models, args)
-            builder.apply(merge_best([decode_splits(arrays[0]) for _, arrays in out]))
-            small.drop()
-            if prev is not None:
-                prev.drop()
-            prev, n_prev, layer = full, n_open, layer + 1
-    finally:
-        if prev is not None:
-            prev.drop()
+            models.append(prev.spec)
+        mask = builder.feature_mask()
+        if mask is not None:
+            args["feature_mask"] = mask.astype(int).tolist()
+        out = job.ps.client.call("gbt_layer.splits", models, args)
+        builder.apply(merge_best([decode_splits(arrays[0]) for _, arrays in out]))
+        prev, n_prev, layer = full, n_open, layer + 1
     return builder
 
 
@@ -461,46 +492,60 @@ def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has
     trees, weights = [], []
     hist = {"train_loss": [], "validation_loss": []}
     best_err, best_m = 0.0, 1
-    for m in range(p.maxIter):
-        cur = state["current"] = {"tree": m, "scale": None}
-        job.post_state(state)
-        _, mm = job.call("targets", tree=m, n_workers=nw)
-        mm = mm.reshape(nw, 2)
-        tmin, tmax = -float(mm[:, 0].max()), float(mm[:, 1].max())
-        scale = choose_scale(tmin, tmax, max_w, n_rows)
-        cur.update(scale=list(scale), seed=p.seed + m, rate=p.subsamplingRate, routings=[])
-        job.post_state(state)
-
-        def on_layer(routing, cur=cur):
-            cur["routings"].append(routing)
+    pool = _HistPool(ps, f"{job.topic}/hist", n_features)
+    state["current"] = {"tree": 0, "scale": None}
+    job.post_state(state)
+    _, bounds = job.call("targets", tree=0, n_workers=nw)
+    try:
+        for m in range(p.maxIter):
+            bounds = bounds.reshape(nw, 2)
+            scale = choose_scale(
+                -float(bounds[:, 0].max()), float(bounds[:, 1].max()), max_w, n_rows
+            )
+            cur = state["current"] = {
+                "tree": m,
+                "scale": list(scale),
+                "seed": p.seed + m,
+                "rate": p.subsamplingRate,
+                "routings": [],
+            }
             job.post_state(state)
 
-        builder = _grow(job, ps, m, thresholds, n_bins, scale, p, min_w, n_features, on_layer)
-        tw = 1.0 if m == 0 else p.stepSize
-        _, (err, wsum, verr, vwsum) = job.call(
-            "finish",
-            routing=_routing(builder),
-            values=builder.node_values().tolist(),
-            tree_weight=tw,
-        )
-        trees.append(builder.finish())
-        weights.append(tw)
-        state["trees"].append(trees[-1].to_dict())
-        state["weights"].append(tw)
-        state["current"] = None
-        job.post_state(state)
-        hist["train_loss"].append(err / wsum)
-        log.info("GBT tree %d/%d: train loss %.6g", m + 1, p.maxIter, err / wsum)
-        if not has_val:
-            continue
-        verr = verr / vwsum
-        hist["validation_loss"].append(verr)
-        if m == 0:
-            best_err = verr
-        elif best_err - verr < p.validationTol * max(verr, 0.01):
-            break
-        elif verr < best_err:
-            best_err, best_m = verr, m + 1
+            def on_layer(routing, cur=cur):
+                cur["routings"].append(routing)
+                job.post_state(state)
+
+            builder = _grow(job, pool, m, thresholds, n_bins, scale, p, min_w, n_features, on_layer)
+            tw = 1.0 if m == 0 else p.stepSize
+            _, out = job.call(
+                "finish",
+                routing=_routing(builder),
+                tree=m,
+                n_workers=nw,
+                values=builder.node_values().tolist(),
+                tree_weight=tw,
+            )
+            (err, wsum, verr, vwsum), bounds = out[:4], out[4:]
+            trees.append(builder.finish())
+            weights.append(tw)
+            state["trees"].append(trees[-1].to_dict())
+            state["weights"].append(tw)
+            state["current"] = {"tree": m + 1, "scale": None}
+            job.post_state(state)
+            hist["train_loss"].append(err / wsum)
+            log.info("GBT tree %d/%d: train loss %.6g", m + 1, p.maxIter, err / wsum)
+            if not has_val:
+                continue
+            verr = verr / vwsum
+            hist["validation_loss"].append(verr)
+            if m == 0:
+                best_err = verr
+            elif best_err - verr < p.validationTol * max(verr, 0.01):
+                break
+            elif verr < best_err:
+                best_err, best_m = verr, m + 1
+    finally:
+        pool.drop()
     if has_val:
         trees, weights = trees[:best_m], weights[:best_m]
     return trees, np.asarray(weights), hist
