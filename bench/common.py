@@ -45,7 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def spark_home() -> str:
-    """Return a SPARK_HOME made of symlinks into pyspark, as tests/conftest.py does.
+    """Return a SPARK_HOME made of symlinks into pyspark (used by the tests and benches).
 
     Spark writes work dirs under SPARK_HOME; a folder of its own keeps site-packages clean.
     """

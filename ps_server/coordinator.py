@@ -12,25 +12,16 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-import grpc
 import numpy as np
 
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.wire import RequestError, from_array, to_array
+from ps_server.wire import RequestError, from_array, guard, to_array
 
 __all__ = ["CoordinatorServicer"]
 
 
-def _guard(method: Callable) -> Callable:
-    def wrapper(self, request, context):
-        try:
-            return method(self, request, context)
-        except RequestError as e:
-            context.abort(getattr(grpc.StatusCode, e.code), str(e))
-
-    wrapper.__name__ = method.__name__
-    return wrapper
+_guard = guard(lambda self: "coordinator")
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):

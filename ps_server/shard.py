@@ -23,7 +23,7 @@ from ps_server.auth import TokenInterceptor
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.tensors import Tensor
-from ps_server.wire import RequestError, from_array, to_array
+from ps_server.wire import RequestError, from_array, guard, to_array
 
 __all__ = ["ShardServicer", "serve_shard", "main"]
 
@@ -32,22 +32,7 @@ log = logging.getLogger("ps_server.shard")
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
-def _guard(method: Callable) -> Callable:
-    """Turn RequestError (and surprises) into a clean gRPC status; never crash the shard."""
-
-    def wrapper(self, request, context):
-        try:
-            return method(self, request, context)
-        except RequestError as e:
-            context.abort(getattr(grpc.StatusCode, e.code), str(e))
-        except MemoryError:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"shard {self.index}: out of memory")
-        except Exception as e:  # noqa: BLE001 - a shard must survive any request
-            log.exception("shard %d: %s failed", self.index, method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"shard {self.index}: {type(e).__name__}: {e}")
-
-    wrapper.__name__ = method.__name__
-    return wrapper
+_guard = guard(lambda self: f"shard {self.index}")
 
 
 class ShardServicer(pb_grpc.ShardServicer):

@@ -6,11 +6,15 @@ bad request is refused with a message naming what was wrong and changes nothing.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
+import grpc
 import numpy as np
 
 from ps_server.proto import ps_pb2 as pb
 
-__all__ = ["RequestError", "to_array", "from_array", "ALLOWED_DTYPES", "TOKEN_KEY"]
+__all__ = ["RequestError", "guard", "to_array", "from_array", "ALLOWED_DTYPES", "TOKEN_KEY"]
 
 #: The metadata key that carries the auth token on every call.
 TOKEN_KEY = "x-spark-ps-token"
@@ -65,3 +69,29 @@ def from_array(msg: pb.Array, what: str, *, ndim: tuple[int, ...] | None = None)
     if ndim is not None and len(shape) not in ndim:
         raise RequestError("INVALID_ARGUMENT", f"{what}: expected {ndim} dims, got shape {shape}")
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
+
+
+def guard(where: Callable[[object], str]) -> Callable[[Callable], Callable]:
+    """Decorate a servicer method: RequestError -> its status; anything else -> INTERNAL.
+
+    A server must survive every request; `where(self)` names the server in messages.
+    """
+
+    def decorate(method: Callable) -> Callable:
+        def wrapper(self, request, context):
+            try:
+                return method(self, request, context)
+            except RequestError as e:
+                context.abort(getattr(grpc.StatusCode, e.code), str(e))
+            except MemoryError:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{where(self)}: out of memory")
+            except Exception as e:  # noqa: BLE001
+                logging.getLogger("ps_server").exception(
+                    "%s: %s failed", where(self), method.__name__
+                )
+                context.abort(grpc.StatusCode.INTERNAL, f"{where(self)}: {type(e).__name__}: {e}")
+
+        wrapper.__name__ = method.__name__
+        return wrapper
+
+    return decorate

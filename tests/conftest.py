@@ -11,25 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _spark_home() -> str:
-    """A folder of symlinks to pyspark's bin/jars/sbin/python.
+sys.path.insert(0, str(ROOT))
+from bench.common import spark_home  # noqa: E402 - one SPARK_HOME recipe for tests and benches
 
-    local-cluster executors write their work dirs under SPARK_HOME; pointing it at
-    site-packages would litter the install, so we give Spark a home of its own.
-    """
-    import pyspark
-
-    src = Path(pyspark.__file__).parent
-    home = ROOT / ".spark_home"
-    home.mkdir(exist_ok=True)
-    for name in ("bin", "jars", "sbin", "python"):
-        link = home / name
-        if not link.exists():
-            link.symlink_to(src / name)
-    return str(home)
-
-
-os.environ.setdefault("SPARK_HOME", _spark_home())
+os.environ.setdefault("SPARK_HOME", spark_home())
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # executor Python workers unpickle functions defined in test modules by reference
 os.environ["PYTHONPATH"] = os.pathsep.join(
