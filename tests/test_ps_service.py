@@ -173,3 +173,29 @@ def test_bounded_load_has_no_errors():
     row = run(clients=3, requests=40, keys=500, shards=2)
     assert row["errors"] == 0 and row["requests"] == 120
     assert row["after MB"] < row["shard RSS before MB"] + 200  # no runaway growth
+
+
+def test_embedding_rows_are_initialised_on_first_pull_from_seed_and_id(ps):
+    from spark_ps import PSEmbedding
+
+    e = PSEmbedding.create(8, init="normal", scale=0.1, seed=3, optimizer="sgd", lr=1.0)
+    ids = np.array([2**50, 7, 2**50])
+    first = e.pull(ids)
+    assert first.shape == (3, 8) and np.all(first[0] == first[2]) and first.std() > 0.01
+    np.testing.assert_array_equal(e.pull(ids[:2]), first[:2])  # stored, not redrawn
+    other = PSEmbedding.create(8, init="normal", scale=0.1, seed=3)
+    np.testing.assert_array_equal(other.pull(np.array([7])), first[1:2])  # (seed, id) decide
+    e.push(np.array([7]), np.ones((1, 8), dtype=np.float32))
+    np.testing.assert_allclose(e.pull(np.array([7])), first[1:2] - 1.0, rtol=1e-6)
+    k, _ = e.pull()
+    np.testing.assert_array_equal(k, [7, 2**50])  # memory grows with ids touched
+
+
+def test_console_script_help():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "ps_server", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "--shards" in out.stdout and "spark.ps.address" in out.stdout
