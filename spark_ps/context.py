@@ -199,10 +199,12 @@ class PSContext:
         return ctx
 
     def _stop_with(self, sc) -> None:
-        """Stop this PS when the SparkContext stops (wraps that instance's stop)."""
+        """Stop this PS when the SparkContext stops (wraps that instance's stop), and
+        register the JVM bridge's executor listener with it."""
         original = sc.stop
         if getattr(original, "_spark_ps", False):
             return
+        self._attach_listener(sc)
 
         def stop(*args, **kwargs):
             try:
@@ -212,6 +214,23 @@ class PSContext:
 
         stop._spark_ps = True
         sc.stop = stop
+
+    def _attach_listener(self, sc) -> None:
+        """Lost executors reach the coordinator (needs the bridge jar; skipped without it)."""
+        from pyspark.sql import SparkSession
+
+        try:
+            from spark_ps.ml.export import add_executor_listener
+
+            spark = (
+                SparkSession(sc)
+                if SparkSession.getActiveSession() is None
+                else SparkSession.getActiveSession()
+            )
+            if add_executor_listener(spark, self.address, self.token):
+                log.info("executor listener registered with the PS coordinator")
+        except Exception as e:  # noqa: BLE001 - the PS works without the listener
+            log.warning("spark-ps executor listener not registered: %s", e)
 
     def stop(self) -> None:
         """Stop an embedded PS and its shards (a no-op for an external service)."""

@@ -126,3 +126,15 @@ def _kill_and_retry(ps):
     assert victim not in [h.pid for h in ps.client.health()]
     with pytest.raises(Exception, match="unknown model"):
         w.pull(np.arange(1000))
+
+
+def test_context_registers_the_executor_listener(spark_ps):
+    """getOrCreate(spark) hooks the bridge's listener into the live SparkContext."""
+    from spark_ps.ml.export import bridge_jar
+
+    spark, ps = spark_ps
+    if not bridge_jar().is_file():
+        pytest.skip("the JVM bridge jar is not built (scripts/build_jar.sh)")
+    listeners = spark.sparkContext._jsc.sc().listenerBus().listeners()
+    names = [listeners.get(i).getClass().getName() for i in range(listeners.size())]
+    assert "io.sparkps.bridge.ExecutorListener" in names, names

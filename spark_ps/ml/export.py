@@ -307,3 +307,16 @@ def gbt_to_mllib(
     jm = _call(build, uid, int(num_features), sizes, *buffers, _le(weights, "<f8", "treeWeights"))
     py_cls = GBTClassificationModel if classifier else GBTRegressionModel
     return _wrap(py_cls, jm, params)
+
+
+def add_executor_listener(spark: SparkSession, address: str, token: str) -> bool:
+    """Register the bridge's ExecutorListener with a running SparkContext.
+
+    It tells the PS coordinator when executors come and go (lost executors are dropped
+    from clocks and barriers). Returns False when the bridge jar is not built.
+    """
+    if not bridge_jar().is_file():
+        return False
+    listener = ensure_bridge(spark).ExecutorListener(address, token)
+    spark.sparkContext._jsc.sc().addSparkListener(listener)
+    return True
