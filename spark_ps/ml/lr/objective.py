@@ -289,6 +289,21 @@ def finalize_stats(p: StatsPartial) -> FeatureStats:
 # --------------------------------------------------------------------------- data term
 
 
+def _scipy_csr(csr: CSRBatch, k: int):
+    """The batch as a scipy CSR matrix (built once per batch and cached on it).
+
+    scipy's C matvec loops do X @ w and X.T @ r without the nnz-sized temporaries a
+    numpy gather/bincount formulation needs (~3x faster on 15M non-zeros).
+    """
+    import scipy.sparse as sp
+
+    cached = getattr(csr, "_scipy", None)
+    if cached is None or cached.shape[1] != k:
+        cached = sp.csr_matrix((csr.values, csr.indices, csr.indptr), shape=(csr.n_rows, k))
+        csr._scipy = cached
+    return cached
+
+
 def loss_and_grad(
     csr: CSRBatch,
     coef_local: np.ndarray,
@@ -332,22 +347,20 @@ def loss_and_grad(
         raise ValueError("loss_and_grad: the batch has no labels")
     y = csr.labels
     w = np.ones(csr.n_rows) if csr.weights is None else csr.weights
-    rows = csr.row_ids() if rows is None else rows
-    try:
-        eff = (coef_local * inv_std_local)[csr.indices]
-    except IndexError:
+    if csr.nnz and int(csr.indices.max()) >= k:
         raise ValueError(
             f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
             "coefficients were given (is the batch localized?)"
-        ) from None
-    margin = np.bincount(rows, weights=csr.values * eff, minlength=csr.n_rows)
+        )
+    X = _scipy_csr(csr, k)  # `rows` is no longer needed: scipy walks the CSR itself
+    margin = X @ (coef_local * inv_std_local)
     if fit_intercept:
         margin += intercept
     # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
     loss_sum = float(np.dot(w, np.logaddexp(0.0, np.where(y > 0, -margin, margin))))
     with np.errstate(over="ignore"):
         r = w * (1.0 / (1.0 + np.exp(-margin)) - y)
-    grad = np.bincount(csr.indices, weights=csr.values * r[rows], minlength=k) * inv_std_local
+    grad = (X.T @ r) * inv_std_local
     grad_intercept = float(r.sum()) if fit_intercept else 0.0
     return loss_sum, grad, grad_intercept, float(w.sum())
 
