@@ -94,6 +94,7 @@ def _compact(ctx: WorkerContext, keyset: str) -> tuple[np.ndarray, object]:
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
         local = s["local"]
+        s["ids"] = ids  # compact id of each local key (local order = key order)
         s["cids"] = ids[order]
         s["clocal"] = type(local)(
             local.indptr, rank[local.indices], local.values, order.size, local.labels, local.weights
@@ -104,9 +105,10 @@ def _compact(ctx: WorkerContext, keyset: str) -> tuple[np.ndarray, object]:
 
 def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition."""
-    keys, local = _compact(ctx, cmd["keyset"])
-    p = feature_stats([local])
-    gk = keys[p.keys]
+    _compact(ctx, cmd["keyset"])
+    # the key-ordered batch keeps each row's keys sorted: no per-row sort needed
+    p = feature_stats([ctx.state["local"]])
+    gk = ctx.state["ids"][p.keys]
     for name in _STATS:
         ctx.tensor(cmd[name]).aggregate(
             gk, getattr(p, name).astype(np.float64), round=round_, part=ctx.part

@@ -166,19 +166,14 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
     pos = w > 0
     rows, idx, vals = _row_entries(batch)
     keep = pos[rows]
-    order = np.argsort(idx[keep])
-    idx, vals, wr = idx[keep][order], vals[keep][order], w[rows[keep]][order]
-    starts = np.flatnonzero(np.concatenate([[True], idx[1:] != idx[:-1]])) if idx.size else idx
-    wv = wr * vals
     bad = (y != 0.0) & (y != 1.0)
     n_bad = int(np.count_nonzero(bad))
+    if idx.size and int(idx.min()) >= 0 and int(idx.max()) < 4 * idx.size + 1024:
+        sums = _dense_key_sums(idx[keep], vals[keep], w[rows[keep]])
+    else:
+        sums = _sorted_key_sums(idx[keep], vals[keep], w[rows[keep]])
     return StatsPartial(
-        keys=idx[starts],
-        count=np.diff(np.append(starts, idx.size)).astype(np.int64),
-        s1=_segment(np.add, wv, starts),
-        s2=_segment(np.add, wv * vals, starts),
-        vmin=_segment(np.minimum, vals, starts),
-        vmax=_segment(np.maximum, vals, starts),
+        **sums,
         num_features=batch.num_features,
         n_rows=int(np.count_nonzero(pos)),
         weight_sum=float(w.sum()),
@@ -186,6 +181,41 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
         label_weight=np.array([w[y == 0.0].sum(), w[y == 1.0].sum()], dtype=np.float64),
         n_bad_labels=n_bad,
         bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
+    )
+
+
+def _sorted_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
+    """Per-key statistics by one sort and segment reductions (any key range)."""
+    order = np.argsort(idx)
+    idx, vals, wr = idx[order], vals[order], wr[order]
+    starts = np.flatnonzero(np.concatenate([[True], idx[1:] != idx[:-1]])) if idx.size else idx
+    wv = wr * vals
+    return dict(
+        keys=idx[starts],
+        count=np.diff(np.append(starts, idx.size)).astype(np.int64),
+        s1=_segment(np.add, wv, starts),
+        s2=_segment(np.add, wv * vals, starts),
+        vmin=_segment(np.minimum, vals, starts),
+        vmax=_segment(np.maximum, vals, starts),
+    )
+
+
+def _dense_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
+    """Per-key statistics by counting, for localized (small, dense) key ids: no sort."""
+    count = np.bincount(idx)
+    keys = np.flatnonzero(count)
+    wv = wr * vals
+    vmin = np.full(count.size, np.inf)
+    vmax = np.full(count.size, -np.inf)
+    np.minimum.at(vmin, idx, vals)
+    np.maximum.at(vmax, idx, vals)
+    return dict(
+        keys=keys.astype(np.int64),
+        count=count[keys].astype(np.int64),
+        s1=np.bincount(idx, weights=wv, minlength=count.size)[keys],
+        s2=np.bincount(idx, weights=wv * vals, minlength=count.size)[keys],
+        vmin=vmin[keys],
+        vmax=vmax[keys],
     )
 
 
