@@ -688,3 +688,35 @@ def test_spark_submit_plugin_listener_survives_a_killed_executor(bridge_jar, own
     assert by_index[0][3] == [1, 2, 3]  # released from clock 2 once the dead worker was dropped
     assert by_index[1][2] >= 1  # the lost task was retried
     assert r["w"] == [4.0] * 4  # 3 steps of the survivor + 1 of the lost worker
+
+
+@pytest.mark.slow
+def test_spark_submit_example_job_trains_on_the_plugin_started_ps(bridge_jar, tmp_path):
+    """The main example, as a pipeline would run it: spark-submit --jars/--conf spark.plugins
+    alone; the plugin starts the PS, the example's LogisticRegression trains on it."""
+    from bench.datagen import data_dir
+
+    if not (data_dir() / "flights-3m.parquet").exists():
+        pytest.skip(f"no flights data under {data_dir()}")
+    submit = Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit"
+    cmd = [
+        str(submit),
+        "--master",
+        "local[2]",
+        "--jars",
+        str(bridge_jar),
+        "--conf",
+        "spark.plugins=io.sparkps.bridge.PSPlugin",
+        "--conf",
+        "spark.ui.enabled=false",
+        str(ROOT / "examples" / "flights_lr.py"),
+        "--fraction",
+        "0.02",
+        "--max-iter",
+        "5",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-6000:]}"
+    fit = [ln for ln in done.stdout.splitlines() if ln.startswith("spark-ps ")]
+    assert fit and "iterations   5" in fit[0] and "test AUC 0." in fit[0], done.stdout
+    assert "external" in done.stdout  # PSContext connected to the PS the plugin started
