@@ -34,6 +34,7 @@ from ps_server.keys import mix64
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
+from spark_ps.ml._progress import Progress
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.gbt.estimator import register_trainer
 from spark_ps.ml.tree.binning import (
@@ -493,6 +494,7 @@ def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has
     hist = {"train_loss": [], "validation_loss": []}
     best_err, best_m = 0.0, 1
     pool = _HistPool(ps, f"{job.topic}/hist", n_features)
+    bar = Progress("spark-ps GBT", p.maxIter, unit="tree")
     state["current"] = {"tree": 0, "scale": None}
     job.post_state(state)
     _, bounds = job.call("targets", tree=0, n_workers=nw)
@@ -533,7 +535,10 @@ def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has
             state["current"] = {"tree": m + 1, "scale": None}
             job.post_state(state)
             hist["train_loss"].append(err / wsum)
-            log.info("GBT tree %d/%d: train loss %.6g", m + 1, p.maxIter, err / wsum)
+            losses = {"train loss": err / wsum}
+            if has_val:
+                losses["validation loss"] = verr / vwsum
+            bar.update(m + 1, **losses)
             if not has_val:
                 continue
             verr = verr / vwsum
@@ -546,6 +551,7 @@ def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has
                 best_err, best_m = verr, m + 1
     finally:
         pool.drop()
+        bar.close()
     if has_val:
         trees, weights = trees[:best_m], weights[:best_m]
     return trees, np.asarray(weights), hist

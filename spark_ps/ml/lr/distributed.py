@@ -25,6 +25,7 @@ import numpy as np
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
+from spark_ps.ml._progress import Progress
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr.estimator import TrainResult, register_trainer
 from spark_ps.ml.lr.objective import (
@@ -303,7 +304,6 @@ def _solve(
     )
     x = space.new("x")
     initial_point(space, x, mask, label_weight, fit_intercept)
-    t0 = time.perf_counter()
 
     stamps: list[float] = []
     evaluate = fit.objective(vecs)
@@ -314,14 +314,11 @@ def _solve(
             stamps.append(time.perf_counter() - t_start)
         return value
 
+    bar = Progress("spark-ps LogisticRegression", int(params["maxIter"]))
+
     def progress(info) -> None:
         stamps.append(time.perf_counter() - t_start)
-        log.info(
-            "LogisticRegression iteration %d: loss %.6g (%.1fs)",
-            info.iteration,
-            info.value,
-            time.perf_counter() - t0,
-        )
+        bar.update(info.iteration, loss=info.value)
 
     res = minimize_lbfgs(
         space,
@@ -333,6 +330,7 @@ def _solve(
         l1=vecs.l1_weight,
         callback=progress,
     )
+    bar.close()
     b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
     coef_h, intercept = original_space(space, res.x, vecs, b)
     keys, ids = ks.keyset.pull()  # every touched key and its compact id
