@@ -51,12 +51,12 @@ class PSTensor:
         name: str | None,
         dtype: str,
         optimizer: str | None,
-        init: str,
-        init_scale: float,
-        seed: int,
-        create_on_pull: bool,
         context,
         opt_params: dict,
+        init: str = "zeros",
+        init_scale: float = 0.0,
+        seed: int = 0,
+        create_on_pull: bool = False,
     ) -> PSTensor:
         ctx = _context(context)
         spec = TensorSpec(
@@ -148,10 +148,6 @@ class PSVector(PSTensor):
             name=name,
             dtype=dtype,
             optimizer=optimizer,
-            init="zeros",
-            init_scale=0.0,
-            seed=0,
-            create_on_pull=False,
             context=context,
             opt_params=opt_params,
         )
@@ -174,10 +170,6 @@ class PSVector(PSTensor):
             name=name,
             dtype=dtype,
             optimizer=optimizer,
-            init="zeros",
-            init_scale=0.0,
-            seed=0,
-            create_on_pull=False,
             context=context,
             opt_params=opt_params,
         )
@@ -235,10 +227,6 @@ class PSMatrix(PSTensor):
             name=name,
             dtype=dtype,
             optimizer=optimizer,
-            init="zeros",
-            init_scale=0.0,
-            seed=0,
-            create_on_pull=False,
             context=context,
             opt_params=opt_params,
         )
@@ -262,10 +250,6 @@ class PSMatrix(PSTensor):
             name=name,
             dtype=dtype,
             optimizer=optimizer,
-            init="zeros",
-            init_scale=0.0,
-            seed=0,
-            create_on_pull=False,
             context=context,
             opt_params=opt_params,
         )
