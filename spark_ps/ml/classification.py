@@ -8,6 +8,7 @@ from spark_ps.ml.gbt import distributed as _gbt  # noqa: F401 - registers the GB
 from spark_ps.ml.gbt.estimator import GBTClassifier
 from spark_ps.ml.gbt.model import GBTClassificationModel
 from spark_ps.ml.lr import distributed as _lbfgs  # noqa: F401 - registers the lbfgs trainer
+from spark_ps.ml.lr import minibatch as _minibatch  # noqa: F401 - registers sgd/adam/ftrl
 from spark_ps.ml.lr.estimator import LogisticRegression
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.lr.summary import (
