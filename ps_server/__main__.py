@@ -32,10 +32,22 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="directory (or pyarrow.fs URI) that restarted shards restore from",
     )
+    p.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS (with --tls-key)")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", default="", help="PEM CA the shards trust (default: the cert)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     token = os.environ.get("SPARK_PS_TOKEN", "")
+    from ps_server import tls
+
+    for env, value in (
+        (tls.ENV_CERT, args.tls_cert),
+        (tls.ENV_KEY, args.tls_key),
+        (tls.ENV_CA, args.tls_ca),
+    ):
+        if value:
+            os.environ[env] = os.path.abspath(value)  # inherited by the shard processes
     from ps_server.service import run
 
     run(args.host, args.port, args.shards, token, args.checkpoint_dir)

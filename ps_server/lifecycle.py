@@ -35,7 +35,9 @@ def register_with_coordinator(
 ) -> None:
     """Tell the coordinator where shard `index` listens; retried until it answers."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as ch:
+    from ps_server.tls import env_ca, open_channel
+
+    with open_channel(address, env_ca()) as ch:
         stub = pb_grpc.CoordinatorStub(ch)
         while True:
             try:

@@ -17,7 +17,7 @@ from concurrent import futures
 
 import grpc
 
-from ps_server import lifecycle
+from ps_server import lifecycle, tls
 from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
 from ps_server.proto import ps_pb2_grpc as pb_grpc
@@ -55,7 +55,7 @@ class Service:
             futures.ThreadPoolExecutor(max_workers=128), interceptors=[TokenInterceptor(token)]
         )
         pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.port = tls.bind(self.server, f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot bind coordinator to {host}:{port}")
         self.address = f"{host}:{self.port}"

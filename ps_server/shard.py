@@ -18,7 +18,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from ps_server import checkpoint, lifecycle
+from ps_server import checkpoint, lifecycle, tls
 from ps_server.auth import TokenInterceptor
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
@@ -235,7 +235,7 @@ def serve_shard(
     )
     servicer = ShardServicer(index)
     pb_grpc.add_ShardServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = tls.bind(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"shard {index}: cannot bind {host}:{port}")
     server.start()

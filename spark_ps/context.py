@@ -16,6 +16,9 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
 ``spark.ps.rpcTimeout``    seconds per PS call (default 120)
 ``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
+``spark.ps.tls.cert``      PEM certificate: the embedded PS serves TLS (with tls.key)
+``spark.ps.tls.key``       PEM private key of tls.cert
+``spark.ps.tls.ca``        PEM CA clients trust (default: tls.cert, i.e. self-signed)
 =========================  ==========================================================
 """
 
@@ -31,6 +34,7 @@ import threading
 
 from ps_server.auth import new_token
 from ps_server.service import READY_PREFIX
+from ps_server.tls import read_pem
 from spark_ps.client import PSClient
 
 __all__ = ["PSContext"]
@@ -58,6 +62,16 @@ def _conf(spark, key: str, overrides: dict) -> str:
     if env and os.environ.get(env):
         return os.environ[env]
     return _DEFAULTS.get(key, "")
+
+
+def _context_kw(spark, conf: dict) -> dict:
+    """PSContext keyword arguments from `conf` / the Spark conf."""
+    return dict(
+        checkpoint_dir=_conf(spark, "checkpointDir", conf),
+        rpc_timeout=float(_conf(spark, "rpcTimeout", conf)),
+        max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
+        tls_ca=read_pem(_conf(spark, "tls.ca", conf) or _conf(spark, "tls.cert", conf)),
+    )
 
 
 def _launch(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -113,11 +127,17 @@ class PSContext:
         checkpoint_dir: str = "",
         rpc_timeout: float = 120.0,
         max_message_mb: float = 4.0,
+        tls_ca: bytes | None = None,
     ):
         self.address, self.token, self.process = address, token, process
+        self.tls_ca = tls_ca
         self.checkpoint_dir = checkpoint_dir
         self.client = PSClient(
-            address, token, timeout=rpc_timeout, max_message_bytes=int(max_message_mb * (1 << 20))
+            address,
+            token,
+            timeout=rpc_timeout,
+            max_message_bytes=int(max_message_mb * (1 << 20)),
+            tls_ca=tls_ca,
         )
         self.num_shards = self.client.num_shards
         self._version = 0
@@ -137,11 +157,7 @@ class PSContext:
                 return cls._active
             address = _conf(spark, "address", conf)
             token = _conf(spark, "token", conf)
-            kw = dict(
-                checkpoint_dir=_conf(spark, "checkpointDir", conf),
-                rpc_timeout=float(_conf(spark, "rpcTimeout", conf)),
-                max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
-            )
+            kw = _context_kw(spark, conf)
             if address:
                 ctx = cls(address, token, **kw)
             else:
@@ -157,11 +173,7 @@ class PSContext:
 
         Its handles are made with ``context=``; `getOrCreate` is what most code wants.
         """
-        kw = dict(
-            checkpoint_dir=_conf(spark, "checkpointDir", conf),
-            rpc_timeout=float(_conf(spark, "rpcTimeout", conf)),
-            max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
-        )
+        kw = _context_kw(spark, conf)
         return cls._start_embedded(spark, conf, _conf(spark, "token", conf) or new_token(), kw)
 
     @classmethod
@@ -190,6 +202,13 @@ class PSContext:
         ]
         if kw["checkpoint_dir"]:
             cmd += ["--checkpoint-dir", kw["checkpoint_dir"]]
+        for flag, key in (
+            ("--tls-cert", "tls.cert"),
+            ("--tls-key", "tls.key"),
+            ("--tls-ca", "tls.ca"),
+        ):
+            if _conf(spark, key, conf):
+                cmd += [flag, _conf(spark, key, conf)]
         env = dict(os.environ, SPARK_PS_TOKEN=token)
         proc = _launch(cmd, env)
         address = _read_ready(proc, float(_conf(spark, "startTimeout", conf)))

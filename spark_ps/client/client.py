@@ -22,6 +22,7 @@ import numpy as np
 from ps_server.keys import combine, dedup, is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.tls import open_channel
 from ps_server.wire import TOKEN_KEY, from_array, to_array
 from spark_ps.client.spec import TensorSpec
 
@@ -63,8 +64,10 @@ class PSClient:
         timeout: float = 120.0,
         retry_seconds: float = 90.0,
         max_message_bytes: int = 4 << 20,
+        tls_ca: bytes | None = None,
     ):
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
+        self.token, self.tls_ca = token, tls_ca
         self.max_message_bytes = max_message_bytes
         self._md = ((TOKEN_KEY, token),)
         self._channels: dict[str, grpc.Channel] = {}
@@ -77,7 +80,7 @@ class PSClient:
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=_OPTIONS)
+                self._channels[address] = open_channel(address, self.tls_ca, _OPTIONS)
             return self._channels[address]
 
     def refresh(self) -> None:
@@ -478,11 +481,14 @@ _CLIENTS: dict[tuple[str, str, int], PSClient] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def get_client(address: str, token: str = "") -> PSClient:
-    """The cached client of this process for (address, token): one channel set per worker."""
-    key = (address, token, os.getpid())
+def get_client(address: str, token: str = "", tls_ca: bytes | None = None) -> PSClient:
+    """The cached client of this process for (address, token, CA): one channel set per worker.
+
+    `tls_ca` (PEM bytes) switches the channels to TLS, verifying the servers against it.
+    """
+    key = (address, token, tls_ca, os.getpid())
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
-            client = _CLIENTS[key] = PSClient(address, token)
+            client = _CLIENTS[key] = PSClient(address, token, tls_ca=tls_ca)
         return client

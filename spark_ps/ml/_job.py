@@ -39,8 +39,17 @@ _TENSORS: dict = {}
 class WorkerContext:
     """What a command handler sees on the executor: the partition, the PS, its ids."""
 
-    def __init__(self, address: str, token: str, topic: str, part: int, attempt: int):
-        self.client = get_client(address, token)
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        topic: str,
+        part: int,
+        attempt: int,
+        tls_ca: bytes | None = None,
+    ):
+        self.client = get_client(address, token, tls_ca)
+        self._tls_ca = tls_ca
         self._token = token
         self.topic, self.part, self.attempt = topic, part, attempt
         self.state: dict[str, Any] = {}
@@ -53,7 +62,7 @@ class WorkerContext:
         if key not in _TENSORS:
             spec = self.client.lookup(name)
             cls = PSVector if spec.cols == 1 else PSMatrix
-            _TENSORS[key] = cls(spec, self.client.address, self._token)
+            _TENSORS[key] = cls(spec, self.client.address, self._token, self._tls_ca)
         return _TENSORS[key]
 
     def contribute(self, round_: int, values) -> None:
@@ -74,6 +83,7 @@ def run_worker_loop(
     topic: str,
     setup: Callable[[Iterator[pa.RecordBatch], WorkerContext], None],
     handlers: dict[str, Callable[[WorkerContext, int, dict], None]],
+    tls_ca: bytes | None = None,
 ):
     """Build the function a barrier `mapInArrow` runs: read once, then serve commands."""
 
@@ -81,7 +91,7 @@ def run_worker_loop(
         from pyspark import BarrierTaskContext
 
         tc = BarrierTaskContext.get()
-        ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber())
+        ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca)
         setup(batches, ctx)
         recover = handlers.get("recover")
         if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
@@ -143,7 +153,9 @@ class PSJob:
         self._state_round = 0
         self.error: BaseException | None = None
         self.result: list | None = None
-        fn = run_worker_loop(ps.address, ps.token, self.topic, setup, handlers)
+        fn = run_worker_loop(
+            ps.address, ps.token, self.topic, setup, handlers, getattr(ps, "tls_ca", None)
+        )
         # A failed barrier *result* stage aborts the job, but a barrier shuffle-map stage is
         # re-run as a whole: the shuffle after the loop is what makes retries possible.
         self._df = df.mapInArrow(fn, _DONE_SCHEMA, barrier=True).repartition(1)

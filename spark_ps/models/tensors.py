@@ -28,17 +28,23 @@ def _context(context):
 class PSTensor:
     """A named sharded tensor on the PS (base of the handle types)."""
 
-    def __init__(self, spec: TensorSpec, address: str, token: str):
-        self.spec, self.address, self.token = spec, address, token
+    def __init__(self, spec: TensorSpec, address: str, token: str, tls_ca: bytes | None = None):
+        self.spec, self.address, self.token, self.tls_ca = spec, address, token, tls_ca
 
     def __repr__(self) -> str:
         s = self.spec
         return f"{type(self).__name__}({s.name!r}, {s.kind}, dim={s.dim}, cols={s.cols})"
 
     def __getstate__(self):
-        return {"spec": self.spec, "address": self.address, "token": self.token}
+        return {
+            "spec": self.spec,
+            "address": self.address,
+            "token": self.token,
+            "tls_ca": self.tls_ca,
+        }
 
     def __setstate__(self, state):
+        self.tls_ca = None
         self.__dict__.update(state)
 
     @classmethod
@@ -74,11 +80,11 @@ class PSTensor:
             create_on_pull=create_on_pull,
         )
         ctx.client.create(spec)
-        return cls(spec, ctx.address, ctx.token)
+        return cls(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
 
     @property
     def client(self) -> PSClient:
-        return get_client(self.address, self.token)
+        return get_client(self.address, self.token, self.tls_ca)
 
     @property
     def name(self) -> str:
@@ -299,4 +305,5 @@ class _Ctx:
 
     def __init__(self, t: PSTensor):
         self.address, self.token, self.num_shards = t.address, t.token, t.spec.num_shards
+        self.tls_ca = t.tls_ca
         self.client = t.client
