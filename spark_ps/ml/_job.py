@@ -28,7 +28,14 @@ import pyarrow as pa
 
 from spark_ps.client import get_client
 
-__all__ = ["PSJob", "WorkerContext", "run_worker_loop"]
+__all__ = [
+    "PSJob",
+    "WorkerContext",
+    "run_worker_loop",
+    "partitions_for",
+    "inject_failure_once",
+    "clear_failures",
+]
 
 log = logging.getLogger("spark_ps.job")
 
