@@ -16,7 +16,7 @@ mkdir -p .spark_home
 for d in bin jars sbin python; do
   [ -e ".spark_home/$d" ] || ln -s "$PYSPARK_DIR/$d" ".spark_home/$d"
 done
-if [ -f scripts/build_jar.sh ]; then
-  bash scripts/build_jar.sh || echo "setup: warning: the JVM bridge jar was not built" >&2
-fi
+# The bridge is built against the venv's pyspark (the system python has none on a fresh
+# machine); a failed build fails the set-up rather than leaving the jar silently missing.
+PYTHON="$PWD/.venv/bin/python" bash scripts/build_jar.sh
 echo "setup: ready (.venv, .spark_home)"
