@@ -239,7 +239,7 @@ class PSContext:
         from pyspark.sql import SparkSession
 
         try:
-            from spark_ps.ml.export import add_executor_listener
+            from spark_ps._jvm import add_executor_listener
 
             spark = (
                 SparkSession(sc)
