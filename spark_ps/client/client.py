@@ -94,6 +94,7 @@ class PSClient:
         smap = self._coord("GetShardMap", pb.Empty())
         self.epoch = smap.epoch
         self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
+        self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
 
     @property
     def num_shards(self) -> int:
@@ -412,6 +413,18 @@ class PSClient:
 
     def health(self) -> list[pb.HealthResponse]:
         return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
+
+    def replica_digests(self) -> list[tuple[pb.DigestResponse, pb.DigestResponse | None]]:
+        """(primary, backup) state digests per shard: equal digests = identical replicas."""
+        self.refresh()
+        primaries = self._fanout("Digest", [(s, pb.Empty()) for s in range(self.num_shards)])
+        backups = [
+            pb_grpc.ShardStub(self._channel(a)).Digest(pb.Empty(), metadata=self._md, timeout=60)
+            if a
+            else None
+            for a in self.backups
+        ]
+        return list(zip(primaries, backups, strict=True))
 
     # ------------------------------------------------------------ control plane
     def barrier(self, name: str, worker: str, count: int, timeout: float = 600.0) -> None:
