@@ -208,7 +208,7 @@ class Replica:
                         "FAILED_PRECONDITION", f"{self.where}: not seeded, cannot be promoted"
                     )
                 self.role = "primary"
-                log.warning("shard %d: promoted to primary", self.servicer.index)
+                log.info("shard %d: promoted to primary", self.servicer.index)
             if config.backup and config.backup != self.backup:
                 return self._seed_backup(config.backup)
             if not config.backup:
@@ -242,7 +242,7 @@ class Replica:
             raise RequestError(
                 "UNAVAILABLE", f"{self.where}: seeding backup {address} failed: {e.details()}"
             ) from None
-        log.warning(
+        log.info(
             "shard %d: seeded backup %s with %d models (%.1f MB) in %.2fs",
             self.servicer.index,
             address,
