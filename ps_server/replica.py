@@ -50,7 +50,7 @@ REQUEST_ID_KEY = "x-spark-ps-request"
 WINDOW = 4096
 _WINDOW_BYTES = 64 << 20
 _SEED_CHUNK = 4 << 20
-_FORWARD_TIMEOUT = 300.0
+_FORWARD_TIMEOUT = 60.0  # a backup slower than this is dropped (and replaced)
 _OPTIONS = [
     ("grpc.max_receive_message_length", 256 << 20),
     ("grpc.max_send_message_length", 256 << 20),

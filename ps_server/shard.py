@@ -22,7 +22,7 @@ from ps_server import checkpoint, lifecycle, tls
 from ps_server.auth import TokenInterceptor
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.replica import MUTATIONS, Replica, request_id
+from ps_server.replica import MUTATIONS, Replica, digest, request_id
 from ps_server.tensors import Tensor
 from ps_server.wire import RequestError, from_array, guard, to_array
 
@@ -90,7 +90,7 @@ def _call_writes(self, request) -> bool:
     if not module.isidentifier():
         return True  # let the call itself report the bad name
     try:
-        return fn not in _server_module(module).__dict__.get("READ_ONLY", ())
+        return fn not in getattr(_server_module(module), "READ_ONLY", ())
     except RequestError:
         return True  # let the call itself report the bad name
 
@@ -240,7 +240,7 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     def Digest(self, request, context):
         if self.replica is None:
-            return Replica(self, "primary").describe()
+            return pb.DigestResponse(digest=digest(self.models), role="solo")
         return self.replica.describe()
 
     def _replica(self) -> Replica:

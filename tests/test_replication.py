@@ -248,3 +248,23 @@ def test_a_killed_backup_is_replaced_and_resynced_while_the_primary_serves(servi
     assert got["backup_lost"] - counts.get("backup_lost", 0) == 1
     assert got["resync"] - counts.get("resync", 0) == 1
     assert got["promotion"] == counts.get("promotion", 0)
+
+
+@pytest.mark.slow
+def test_losing_both_replicas_falls_back_to_a_restart_with_a_new_backup(service):
+    """Runs last: shard 0 comes back empty (this service has no checkpoint directory)."""
+    svc, c = service
+    counts = dict(svc.coordinator.counters)
+    _in_sync(c)
+    os.kill(svc.backups[0].pid, signal.SIGKILL)  # the backup first: it cannot be promoted
+    _kill_primary(c, 0)
+    spec = _spec("r-after-both", dim=10)
+    deadline = time.monotonic() + 60
+    while svc.coordinator.counters.get("restart", 0) == counts.get("restart", 0):
+        assert time.monotonic() < deadline, "the shard was not restarted"
+        time.sleep(0.1)
+    c.create(spec)  # retried until the restarted primary registers
+    c.push(spec, np.arange(10), np.arange(10.0))
+    np.testing.assert_array_equal(c.pull(spec, np.arange(10)), np.arange(10.0))
+    _assert_identical(c)
+    assert svc.coordinator.counters["promotion"] == counts.get("promotion", 0)
