@@ -98,6 +98,7 @@ class Replica:
         self.answers: OrderedDict[str, tuple[str, object]] = OrderedDict()
         self._answer_bytes = 0
         self.applied = 0
+        self.apply_seconds = self.forward_seconds = 0.0
 
     @property
     def where(self) -> str:
@@ -118,11 +119,15 @@ class Replica:
             known = self.answers.get(rid) if rid else None
             if known is not None:
                 return known[1]
+            t = time.perf_counter()
             answer = run()
             self._remember(method, rid, answer)
             self.applied += 1
+            self.apply_seconds += time.perf_counter() - t
             if self._backup_stub is not None:
+                t = time.perf_counter()
                 self._forward(method, request, rid, answer)
+                self.forward_seconds += time.perf_counter() - t
         return answer
 
     def replicate(self, request: pb.ReplicateRequest, handlers: dict) -> pb.ReplicateResponse:
@@ -141,9 +146,11 @@ class Replica:
             if known is not None:
                 answer = known[1]
             else:
+                t = time.perf_counter()
                 answer = handlers[request.method](self.servicer, req, None)
                 self._remember(request.method, rid, answer)
                 self.applied += 1
+                self.apply_seconds += time.perf_counter() - t
         if request.method in _UNCOMPARED:
             return pb.ReplicateResponse()
         return pb.ReplicateResponse(response=answer.SerializeToString())
@@ -263,6 +270,7 @@ class Replica:
             self.answers = answers
             self._answer_bytes = sum(a.ByteSize() for _, a in answers.values())
             self.applied, self.seeded = 0, True
+            self.apply_seconds = 0.0
         return len(models)
 
     def describe(self) -> pb.DigestResponse:
@@ -272,6 +280,8 @@ class Replica:
                 role=self.role,
                 applied=self.applied,
                 backup=self.backup,
+                apply_seconds=self.apply_seconds,
+                forward_seconds=self.forward_seconds,
             )
 
 
