@@ -1,8 +1,8 @@
 """Primary/backup replication of one shard partition (a replication chain of two).
 
 With ``--replicas 2`` each shard index runs two processes. The *primary* serves
-clients; every mutating request is applied on it, then the same request bytes
-are forwarded to the *backup*, which applies them too, and only then is the
+clients; every mutating request is sent on to the *backup* as the same request
+bytes and applied on both at once, and only when both have applied it is the
 client answered. Mutations are serialized by one lock per process, so both
 replicas apply them in the same order and stay bit-identical (server-side ops
 are deterministic). A backup refuses client calls with UNAVAILABLE, so a client
@@ -114,19 +114,26 @@ class Replica:
 
     # ------------------------------------------------------------ applying
     def apply(self, method: str, request, rid: str, run: Callable[[], object]):
-        """Run a mutating request once (a retry gets the remembered answer), then forward it."""
+        """Run a mutating request once (a retry gets the remembered answer) here and on the
+        backup; the backup's copy is sent first, so both apply it at the same time."""
         with self.lock:
             known = self.answers.get(rid) if rid else None
             if known is not None:
                 return known[1]
+            pending = self._send(method, request, rid)
             t = time.perf_counter()
-            answer = run()
+            try:
+                answer = run()
+            except Exception as e:
+                if pending is not None:  # the backup must have refused it too
+                    self._settle(method, pending, None, e)
+                raise
             self._remember(method, rid, answer)
             self.applied += 1
             self.apply_seconds += time.perf_counter() - t
-            if self._backup_stub is not None:
+            if pending is not None:
                 t = time.perf_counter()
-                self._forward(method, request, rid, answer)
+                self._settle(method, pending, answer, None)
                 self.forward_seconds += time.perf_counter() - t
         return answer
 
@@ -164,20 +171,28 @@ class Replica:
             _, (_, old) = self.answers.popitem(last=False)
             self._answer_bytes -= old.ByteSize()
 
-    def _forward(self, method: str, request, rid: str, answer) -> None:
-        """Apply on the backup before the client is answered; drop a backup that fails."""
+    def _send(self, method: str, request, rid: str) -> grpc.Future | None:
+        if self._backup_stub is None:
+            return None
+        return self._backup_stub.Replicate.future(
+            pb.ReplicateRequest(method=method, request=request.SerializeToString(), request_id=rid),
+            metadata=self._md,
+            timeout=_FORWARD_TIMEOUT,
+        )
+
+    def _settle(self, method: str, pending: grpc.Future, answer, error: Exception | None) -> None:
+        """Wait for the backup; drop it unless it did what we did (same answer, or the
+        same refusal: validation is deterministic, so a bad request fails on both)."""
         try:
-            got = self._backup_stub.Replicate(
-                pb.ReplicateRequest(
-                    method=method, request=request.SerializeToString(), request_id=rid
-                ),
-                metadata=self._md,
-                timeout=_FORWARD_TIMEOUT,
-            )
+            got = pending.result()
         except grpc.RpcError as e:
+            if isinstance(error, RequestError) and e.code().name == error.code:
+                return
             self._drop_backup(f"{method} failed there: {e.code().name} {e.details()}")
             return
-        if method not in _UNCOMPARED and got.response != answer.SerializeToString():
+        if error is not None:
+            self._drop_backup(f"{method} succeeded there but failed here: {error}")
+        elif method not in _UNCOMPARED and got.response != answer.SerializeToString():
             self._drop_backup(f"{method} answered differently there (replicas diverged)")
 
     def _drop_backup(self, why: str) -> None:

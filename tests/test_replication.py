@@ -122,7 +122,8 @@ def test_a_retried_request_id_is_applied_once_on_both_replicas(service):
 
 
 def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
-    _, c = service
+    svc, c = service
+    lost = svc.coordinator.counters.get("backup_lost", 0)
     spec = _spec("r-bad", dim=50)
     c.create(spec)
     c.push(spec, np.arange(50), np.ones(50))
@@ -142,9 +143,10 @@ def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
     with pytest.raises(PSError, match="unknown vector op 'axpyy'"):
         c.vector_op("axpyy", [spec, spec])
     after = _in_sync(c)
-    assert [(p.digest, p.applied, b.digest) for p, b in after] == [
-        (p.digest, p.applied, b.digest) for p, b in before
+    assert [(p.digest, p.applied, b.digest, b.applied) for p, b in after] == [
+        (p.digest, p.applied, b.digest, b.applied) for p, b in before
     ]
+    assert svc.coordinator.counters.get("backup_lost", 0) == lost  # both refused alike
 
 
 def test_replica_count_is_checked():
