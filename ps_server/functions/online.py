@@ -64,4 +64,16 @@ def discard(tensors, args: dict, arrays: list[np.ndarray]):
     return {}, []
 
 
-SERVER_FUNCTIONS = {"commit": commit, "applied": applied, "discard": discard}
+def footprint(tensors, args: dict, arrays: list[np.ndarray]):
+    """tensors = [state]: rows held and bytes used on this shard."""
+    state = tensors[0]
+    with state.lock:
+        return {"rows": int(state.store.num_rows), "nbytes": int(state.store.nbytes)}, []
+
+
+SERVER_FUNCTIONS = {
+    "commit": commit,
+    "applied": applied,
+    "discard": discard,
+    "footprint": footprint,
+}

@@ -31,7 +31,13 @@ from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.online.metrics import RunningMetrics, observed_metrics
 from spark_ps.ml.online.model import LiveLogisticRegressionModel
 from spark_ps.ml.online.params import _OnlineLogisticRegressionParams
-from spark_ps.ml.online.worker import BATCH_PROPERTY, STATS_SCHEMA, FTRLConfig, learn_partition
+from spark_ps.ml.online.worker import (
+    BATCH_PROPERTY,
+    FAULT_PROPERTY,
+    STATS_SCHEMA,
+    FTRLConfig,
+    learn_partition,
+)
 from spark_ps.models import PSMatrix, PSVector
 
 __all__ = ["OnlineLogisticRegression", "OBSERVATION"]
@@ -220,6 +226,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             return
         if status == "new":
             sc.setLocalProperty(BATCH_PROPERTY, str(int(batch_id)))
+            sc.setLocalProperty(FAULT_PROPERTY, _CHAOS_TASK.pop(int(batch_id), None))
             try:
                 rows = batch.collect()  # the learning job; a few KB per task come back
             except Exception:
@@ -296,6 +303,15 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             model._set(featureValuesCol=cfg.values_col)
         return model
 
+    def footprint(self) -> dict:
+        """PS memory of the model: keys held (features seen + intercept) and bytes."""
+        cfg = self._config(PSContext.getOrCreate())
+        resp = cfg.state.client.call("online.footprint", [cfg.state.spec])
+        return {
+            "keys": sum(r["rows"] for r, _ in resp),
+            "nbytes": sum(r["nbytes"] for r, _ in resp),
+        }
+
     @property
     def history(self) -> list[dict]:
         """Per micro-batch learned by this learner object: batchId, rows, logloss and auc
@@ -323,17 +339,22 @@ def _query_tag(query_id: str | None) -> int:
 
 
 _CHAOS: dict[str, int] = {}
+_CHAOS_TASK: dict[int, str] = {}
 
 
 class SimulatedCrash(RuntimeError):
     """Raised by the chaos hook: the driver 'dies' at a point of the commit protocol."""
 
 
-def inject_crash(point: str, batch_id: int) -> None:
+def inject_crash(point: str, batch_id: int, *, part: int = 0, marker: str = "") -> None:
     """Chaos hook for tests: the next processBatch of ``batch_id`` fails at ``point``
-    ("before_commit": learned and pushed, not committed; "after_commit": committed, not
-    logged by Spark) as if the driver died there."""
-    _CHAOS[point] = int(batch_id)
+    as if the driver died there ("before_commit": learned and pushed, not committed;
+    "after_commit": committed, not logged by Spark), or with point "task", its task
+    ``part`` dies once after pushing (``marker``: a file path recording the failure)."""
+    if point == "task":
+        _CHAOS_TASK[int(batch_id)] = f"{int(batch_id)}:{int(part)}:{marker}"
+    else:
+        _CHAOS[point] = int(batch_id)
 
 
 def _chaos(point: str, batch_id: int) -> None:

@@ -12,6 +12,7 @@ the PS until the driver commits the batch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,9 +25,17 @@ from spark_ps.data import CSRBatch, check_binary_labels, iter_minibatches, read_
 from spark_ps.ml.online.metrics import partition_stats
 from spark_ps.models import PSMatrix
 
-__all__ = ["FTRLConfig", "learn_partition", "weights", "BATCH_PROPERTY", "STATS_SCHEMA"]
+__all__ = [
+    "FTRLConfig",
+    "learn_partition",
+    "weights",
+    "BATCH_PROPERTY",
+    "FAULT_PROPERTY",
+    "STATS_SCHEMA",
+]
 
 BATCH_PROPERTY = "spark_ps.online.batchId"  # local property the driver sets per micro-batch
+FAULT_PROPERTY = "spark_ps.online.taskFault"  # tests: "batch:part:marker", see inject_crash
 STATS_SCHEMA = (
     "part int, rows long, weight double, loss double, pos array<double>, neg array<double>"
 )
@@ -116,6 +125,17 @@ def _weights_of(csr: CSRBatch) -> np.ndarray:
     return csr.weights if csr.weights is not None else np.ones(csr.n_rows)
 
 
+def _maybe_fail(ctx: TaskContext, batch_id: str, part: int) -> None:
+    """Chaos hook: the task named by FAULT_PROPERTY dies once, after its push."""
+    fault = ctx.getLocalProperty(FAULT_PROPERTY)
+    if not fault:
+        return
+    b, p, marker = fault.split(":", 2)
+    if (b, int(p)) == (batch_id, part) and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError(f"injected failure of task {part} of batch {batch_id} after its push")
+
+
 def learn_partition(cfg: FTRLConfig, batches: Iterator[pa.RecordBatch]):
     """``mapInArrow`` body: one stats row per task (also for empty partitions)."""
     ctx = TaskContext.get()
@@ -135,6 +155,7 @@ def learn_partition(cfg: FTRLConfig, batches: Iterator[pa.RecordBatch]):
         delta = _learn(cfg, local, zn)
         pull_keys = np.append(keys, cfg.intercept_key) if cfg.fit_intercept else keys
         cfg.state.aggregate(pull_keys, delta, round=int(batch_id), part=part)
+    _maybe_fail(ctx, batch_id, part)
     yield pa.RecordBatch.from_pydict(
         {
             "part": pa.array([part], pa.int32()),
