@@ -133,8 +133,10 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         return self._cfg
 
     def warmStart(self, model: LogisticRegressionModel) -> OnlineLogisticRegression:
-        """Start from a batch-trained spark-ps model (used only while the PS model is empty:
-        a resumed model keeps what it learned)."""
+        """Start the PS model from a batch-trained spark-ps model's weights, now.
+
+        Only an empty PS model is seeded: a resumed model keeps what it learned. The weights
+        become FTRL state with ``n = 0`` (so the first steps are of size ~alpha)."""
         if not isinstance(model, LogisticRegressionModel):
             raise TypeError(f"warmStart needs a spark-ps LogisticRegressionModel, got {model!r}")
         if model.numFeatures > self.getOrDefault("numFeatures"):
@@ -143,6 +145,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
                 f"numFeatures={self.getOrDefault('numFeatures')}"
             )
         self._initial = model
+        self._seed(PSContext.getOrCreate())
         return self
 
     def _seed(self, ps: PSContext) -> None:
@@ -209,7 +212,6 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             writer = writer.trigger(**trigger)
         if queryName:
             writer = writer.queryName(queryName)
-        self._seed(PSContext.getOrCreate(dataset.sparkSession))
         return writer.start()
 
     # ------------------------------------------------------------------ per micro-batch
