@@ -162,14 +162,16 @@ def test_warm_start_live_scoring_and_mllib_export(spark_ps):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_crashes_and_restarts_learn_every_batch_exactly_once(spark_ps, stream_dir, trained):
     from pyspark.errors import StreamingQueryException
 
-    spark, _ = spark_ps
+    spark, ps = spark_ps
     clean, _ = trained
     src, ckpt, marker = stream_dir / "src", stream_dir / "ck-crash", stream_dir / "task-died"
     learner = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="crashy")
+    resumed = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="crashy")
+    old_dir, ps.checkpoint_dir = ps.checkpoint_dir, str(stream_dir / "ps-ckpt")
     try:
         # the driver dies after the PS committed batch 1 but before Spark logged it
         online_learner.inject_crash("after_commit", 1)
@@ -185,23 +187,29 @@ def test_crashes_and_restarts_learn_every_batch_exactly_once(spark_ps, stream_di
             _run(spark, learner, src, ckpt)
         assert marker.exists()
         assert learner.appliedBatches().tolist() == [0, 1, 2]
-        _run(spark, learner, src, ckpt)  # restart again: runs to the end
-        assert learner.appliedBatches().tolist() == list(range(FILES))
+        # learned by this driver: 1's replay was skipped, 3 was learned but never committed
+        assert [h["batchId"] for h in learner.history] == [0, 1, 2, 3]
+        # the PS loses the model too; a new driver restores the PS checkpoint written after
+        # the last commit and restarts the query from its checkpointLocation
+        learner.drop()
+        assert ps.recover() >= 3
+        _run(spark, resumed, src, ckpt)
+        assert resumed.appliedBatches().tolist() == list(range(FILES))
+        assert [h["batchId"] for h in resumed.history] == [3, 4, 5]
         # no batch twice, none skipped: the very same state as the clean run, bit for bit
         keys_a, zn_a = _state(clean)
-        keys_b, zn_b = _state(learner)
+        keys_b, zn_b = _state(resumed)
         np.testing.assert_array_equal(keys_a, keys_b)
         np.testing.assert_array_equal(zn_a, zn_b)
-        # learned by this driver: 1's replay was skipped, 3 (never committed) was redone
-        assert [h["batchId"] for h in learner.history] == [0, 1, 2, 3, 3, 4, 5]
         # a different query (fresh checkpoint) cannot silently re-feed batch ids to this model
         with pytest.raises(StreamingQueryException, match="learned by another streaming query"):
-            _run(spark, learner, src, stream_dir / "ck-other")
-        assert learner.appliedBatches().tolist() == list(range(FILES))
+            _run(spark, resumed, src, stream_dir / "ck-other")
+        assert resumed.appliedBatches().tolist() == list(range(FILES))
     finally:
+        ps.checkpoint_dir = old_dir
         online_learner._CHAOS.clear()
         online_learner._CHAOS_TASK.clear()
-        learner.drop()
+        resumed.drop()
 
 
 def _with_values(n: int, bad_label_row: int = -1, nan_row: int = -1):

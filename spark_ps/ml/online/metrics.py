@@ -54,7 +54,9 @@ def observed_metrics() -> list[Column]:
     """``observe`` expressions over the task rows of one micro-batch: rows, logloss, auc.
 
     The AUC expression is :func:`binned_auc` in SQL (walk the bins from the top, counting
-    the positives above each negative).
+    the positives above each negative). Divisions are ``try_divide``: a batch whose job did
+    not run (a skipped replay) or that lacks a class reports NULL instead of failing the
+    query under ANSI mode.
     """
     pos, neg = _summed("pos"), _summed("neg")
     walk = F.aggregate(
@@ -65,11 +67,11 @@ def observed_metrics() -> list[Column]:
             (s["pairs"] + x["n"] * (s["above"] + 0.5 * x["p"])).alias("pairs"),
             (s["negs"] + x["n"]).alias("negs"),
         ),
-        lambda s: s["pairs"] / (s["above"] * s["negs"]),
+        lambda s: F.try_divide(s["pairs"], s["above"] * s["negs"]),  # NULL if one class
     )
     return [
         F.sum("rows").alias("rows"),
-        (F.sum("loss") / F.sum("weight")).alias("logloss"),
+        F.try_divide(F.sum("loss"), F.sum("weight")).alias("logloss"),
         walk.alias("auc"),
     ]
 
