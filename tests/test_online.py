@@ -273,3 +273,36 @@ def test_bad_input_is_refused_clearly_and_the_model_is_unchanged(spark_ps, strea
         assert learner.appliedBatches().size == 0 and learner.history == []
     finally:
         learner.drop()
+
+
+@pytest.mark.timeout(60)
+def test_commit_applies_a_round_once_and_only_its_current_parts(ps):
+    """The shard-side protocol alone: replace per (round, part), apply once, drop the rest."""
+    from spark_ps.models import PSMatrix, PSVector
+
+    state = PSMatrix.sparse(2, 2**40, name="online-unit/state", context=ps)
+    ledger = PSVector.sparse(name="online-unit/ledger", dtype="int64", context=ps)
+    keys = np.array([5, 2**39 + 7, 2**40 - 1], dtype=np.int64)
+    try:
+        state.aggregate(keys, np.full((3, 2), 100.0), round=4, part=0)  # replaced below
+        state.aggregate(keys, np.ones((3, 2)), round=4, part=0)
+        state.aggregate(keys[:1], np.full((1, 2), 2.0), round=4, part=1)
+        state.aggregate(keys, np.full((3, 2), 50.0), round=4, part=2)  # a stale, larger attempt
+
+        def commit():
+            return ps.client.call(
+                "online.commit", [state.spec, ledger.spec], {"round": 4, "parts": 2, "tag": 9}
+            )
+
+        first = commit()
+        assert [r["applied"] for r, _ in first] == [True] * ps.num_shards
+        np.testing.assert_array_equal(state.pull(keys), [[3.0, 3.0], [1.0, 1.0], [1.0, 1.0]])
+        state.aggregate(keys, np.ones((3, 2)), round=4, part=0)  # a zombie task's late push
+        second = commit()
+        assert [r["applied"] for r, _ in second] == [False] * ps.num_shards
+        np.testing.assert_array_equal(state.pull(keys), [[3.0, 3.0], [1.0, 1.0], [1.0, 1.0]])
+        for _, (ids, tags) in ps.client.call("online.applied", [ledger.spec]):
+            assert ids.tolist() == [4] and tags.tolist() == [9]
+    finally:
+        state.drop()
+        ledger.drop()
