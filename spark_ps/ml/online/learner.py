@@ -236,6 +236,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
                 raise
             finally:
                 sc.setLocalProperty(BATCH_PROPERTY, None)
+                sc.setLocalProperty(FAULT_PROPERTY, None)
             parts = len(rows)
             own = self._running.add(rows)
             running = self._running.summary()
