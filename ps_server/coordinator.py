@@ -1,4 +1,5 @@
-"""The control plane: shard map, model registry, barriers, clocks and the round board.
+"""The control plane: shard map, model registry, barriers, clocks, the round board,
+the task queues and the recovery counters.
 
 Everything blocking (barriers, SSP clocks, waits, collects) waits on one condition
 variable with a deadline, and a worker that is removed (lost executor, failed
@@ -7,6 +8,7 @@ task) stops counting, so nobody waits for the dead forever.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -16,9 +18,22 @@ import numpy as np
 
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.tasks import TaskQueue
 from ps_server.wire import RequestError, from_array, guard, to_array
 
-__all__ = ["CoordinatorServicer"]
+__all__ = ["CoordinatorServicer", "COUNTERS"]
+
+log = logging.getLogger("ps_server.coordinator")
+
+#: Counters `GetMetrics` always reports (others appear once counted).
+COUNTERS = (
+    "shard_restarts",  # shard processes started again by the service
+    "restores",  # fits that rolled their tensors back to a checkpoint
+    "checkpoints",  # sealed checkpoint versions
+    "iterations_lost",  # fit iterations (LR) / trees (GBT) redone after a restore
+    "tasks_requeued",  # task-queue leases given back (lapsed or worker lost)
+    "workers_lost",  # workers dropped by RemoveWorker (the executor listener)
+)
 
 
 _guard = guard(lambda self: "coordinator")
@@ -39,7 +54,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.heartbeats: dict[tuple[str, str], float] = {}
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
+        self.queues: dict[str, TaskQueue] = {}
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._on_shutdown = on_shutdown
+
+    def count(self, event: str, n: int = 1) -> int:
+        """Add `n` to counter `event` (the hook for the service, shards and fits)."""
+        with self.cond:
+            self.counters[event] = self.counters.get(event, 0) + int(n)
+            return self.counters[event]
 
     # ------------------------------------------------------------ shards & models
     def ready(self) -> bool:
@@ -160,7 +183,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             if request.group != "*":
                 self.removed[request.group].add(request.worker)
-                self.cond.notify_all()
+                self._lost(request.worker, lambda w: w == request.worker, request.group)
                 return pb.Ack(value=1)
             prefix = request.worker + "/"
             n = 0
@@ -173,8 +196,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     if worker.startswith(prefix) and worker not in self.removed[group]:
                         self.removed[group].add(worker)
                         n += 1
-            self.cond.notify_all()
+            self._lost(request.worker, lambda w: w.startswith(prefix), "*")
             return pb.Ack(value=n)
+
+    def _lost(self, who: str, match: Callable[[str], bool], group: str) -> None:
+        """Count a lost worker (or executor) and give its leased tasks back (holds `cond`)."""
+        self.counters["workers_lost"] += 1
+        for q in self.queues.values():
+            if group in ("*", q.name):
+                self.counters["tasks_requeued"] += q.requeue(match, f"{who} was removed")
+        self.cond.notify_all()
 
     # ------------------------------------------------------------ the round board
     @_guard
@@ -224,6 +255,75 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.CollectResponse(
             sum=to_array(total if total is not None else np.zeros(0)), num_parts=len(parts)
         )
+
+    # ------------------------------------------------------------ task queues
+    @_guard
+    def AddTasks(self, request, context):
+        if not request.queue:
+            raise RequestError("INVALID_ARGUMENT", "AddTasks: empty queue name")
+        with self.cond:
+            q = self.queues.setdefault(request.queue, TaskQueue(request.queue))
+            try:
+                n = q.add(list(request.tasks), request.lease_seconds)
+            except ValueError as e:
+                raise RequestError("INVALID_ARGUMENT", str(e)) from None
+            self.cond.notify_all()
+            return pb.Ack(value=n)
+
+    def _queue(self, name: str) -> TaskQueue:
+        q = self.queues.get(name)
+        if q is None:
+            raise RequestError("NOT_FOUND", f"unknown task queue {name!r} (AddTasks first)")
+        return q
+
+    def _last_seen(self, queue: str) -> Callable[[str], float]:
+        wall, mono = time.time(), time.monotonic()  # heartbeats are wall-clock stamps
+        return lambda w: self.heartbeats.get((queue, w), -1e18) - wall + mono
+
+    @_guard
+    def GetTask(self, request, context):
+        """Lease the next TODO task to `worker`, waiting up to `timeout` for one."""
+        if not request.worker:
+            raise RequestError("INVALID_ARGUMENT", f"GetTask on {request.queue!r}: empty worker")
+        deadline = time.monotonic() + max(request.timeout, 0.0)
+        with self.cond:
+            q = self._queue(request.queue)
+            while True:
+                now = time.monotonic()
+                self.counters["tasks_requeued"] += q.expire(now, self._last_seen(q.name))
+                got = q.lease(request.worker, now)
+                if got is not None:
+                    return pb.TaskLease(task_id=got[0], task=got[1], attempt=got[2])
+                if q.drained or now >= deadline:
+                    return pb.TaskLease(task_id=-1, drained=q.drained)
+                self.cond.wait(min(deadline - now, 0.5))
+
+    @_guard
+    def FinishTask(self, request, context):
+        with self.cond:
+            q = self._queue(request.queue)
+            try:
+                first = q.finish(request.task_id, request.worker)
+            except ValueError as e:
+                raise RequestError("OUT_OF_RANGE", str(e)) from None
+            self.cond.notify_all()
+            return pb.Ack(value=int(first))
+
+    # ------------------------------------------------------------ metrics
+    @_guard
+    def Count(self, request, context):
+        if not request.event:
+            raise RequestError("INVALID_ARGUMENT", "Count: empty event name")
+        return pb.Ack(value=self.count(request.event, request.n or 1))
+
+    @_guard
+    def GetMetrics(self, request, context):
+        with self.cond:
+            for q in self.queues.values():  # leases lapse even when nobody asks for work
+                self.counters["tasks_requeued"] += q.expire(
+                    time.monotonic(), self._last_seen(q.name)
+                )
+            return pb.Metrics(counters=dict(self.counters))
 
     @_guard
     def Shutdown(self, request, context):

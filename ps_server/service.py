@@ -109,6 +109,7 @@ class Service:
                         else " empty (no checkpoint directory)",
                     )
                     self.restarts += 1
+                    self.coordinator.count("shard_restarts")
                     self.procs[i] = self._spawn(i)
         self.stop()
 

@@ -12,7 +12,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.token``         auth token of that service (env ``SPARK_PS_TOKEN`` too)
 ``spark.ps.numShards``     embedded shards (default: one per core)
 ``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
-``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from
+``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from;
+                           fits checkpoint there every ``checkpointInterval`` iterations
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
 ``spark.ps.rpcTimeout``    seconds per PS call (default 120)
 ``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
@@ -141,6 +142,9 @@ class PSContext:
         )
         self.num_shards = self.client.num_shards
         self._version = 0
+        self._fit_lock = threading.Lock()
+        self._fits: set = set()
+        self._requests: dict[str, list] = {}  # uri -> [event, None | "taken" | version]
         self._stopped = False
 
     @property
@@ -274,16 +278,68 @@ class PSContext:
             if PSContext._active is self:
                 PSContext._active = None
 
-    def checkpoint(self, uri: str | None = None) -> int:
-        """Snapshot every model (weights and optimizer state); returns the version written."""
+    def checkpoint(self, uri: str | None = None, timeout: float = 600.0) -> int:
+        """Snapshot every model (weights and optimizer state); returns the version written.
+
+        While a fit that checkpoints to `uri` runs, the snapshot is taken by that fit at
+        its next consistent point (an iteration or tree boundary), with the fit's own
+        state in the manifest; this call waits for it (at most `timeout` seconds).
+        """
         uri = uri or self.checkpoint_dir
         if not uri:
             raise ValueError("no checkpoint directory: pass uri or set spark.ps.checkpointDir")
+        with self._fit_lock:
+            waiting = any(f.uri == uri for f in self._fits)
+            if waiting:
+                request = self._requests.setdefault(uri, [threading.Event(), None])
+        if waiting and request[0].wait(timeout) and request[1] is not None:
+            return request[1]
+        with self._fit_lock:  # no fit took it (it ended first): snapshot now
+            self._requests.pop(uri, None)
+        version = self.next_version(uri)
+        self.client.checkpoint(uri, version)
+        return version
+
+    def next_version(self, uri: str) -> int:
+        """A checkpoint version number above every one under `uri`."""
         from ps_server.checkpoint import latest_version
 
-        self._version = max(self._version, (latest_version(uri) or 0)) + 1
-        self.client.checkpoint(uri, self._version)
-        return self._version
+        with self._fit_lock:
+            self._version = max(self._version, (latest_version(uri) or 0)) + 1
+            return self._version
+
+    def metrics(self) -> dict[str, int]:
+        """The coordinator's counters: ``shard_restarts``, ``restores``, ``checkpoints``,
+        ``iterations_lost``, ``tasks_requeued``, ``workers_lost`` (and any others counted)."""
+        return self.client.metrics()
+
+    # --- fits that checkpoint (spark_ps.ml._recovery.FitRecovery) ---
+    def fit_started(self, fit) -> None:
+        with self._fit_lock:
+            self._fits.add(fit)
+
+    def fit_ended(self, fit) -> None:
+        with self._fit_lock:
+            self._fits.discard(fit)
+            if not any(f.uri == fit.uri for f in self._fits) and fit.uri in self._requests:
+                self._requests.pop(fit.uri)[0].set()  # the caller snapshots by itself
+
+    def take_checkpoint_request(self, uri: str) -> bool:
+        """True once for a pending `checkpoint(uri)` call: the asking fit writes it."""
+        with self._fit_lock:
+            request = self._requests.get(uri)
+            if request is None or request[1] == "taken":
+                return False
+            request[1] = "taken"
+            return True
+
+    def checkpoint_taken(self, uri: str, version: int) -> None:
+        with self._fit_lock:
+            request = self._requests.get(uri)
+            if request is not None and request[1] == "taken":
+                del self._requests[uri]
+                request[1] = version
+                request[0].set()
 
     def recover(self, uri: str | None = None, version: int | None = None) -> int:
         """Restore every shard from the newest sealed checkpoint (or `version`)."""

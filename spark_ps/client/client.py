@@ -380,22 +380,46 @@ class PSClient:
             for r in resps
         ]
 
-    def checkpoint(self, uri: str, version: int) -> int:
-        """Snapshot every shard, then seal the version with a manifest. Returns bytes written."""
+    def checkpoint(
+        self, uri: str, version: int, meta: dict | None = None, epoch: int | None = None
+    ) -> int:
+        """Snapshot every shard, then seal the version with a manifest. Returns bytes written.
+
+        `meta` goes into the manifest. The version is sealed only if no shard restarted
+        since `epoch` (default: now) — a restarted shard answers from an older state, so
+        its file would not match the others'; the version is then left torn and unused.
+        """
         from ps_server.checkpoint import write_manifest
 
+        epoch = self.shard_epoch() if epoch is None else epoch
         resps = self._fanout(
             "Checkpoint",
             [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
         )
-        write_manifest(uri, version, self.num_shards)
+        if self.shard_epoch() != epoch:
+            raise PSError(
+                f"a shard restarted (shard map epoch {epoch} -> {self.epoch}) while version "
+                f"{version} was written to {uri}; it stays unsealed and is never loaded",
+                rpc="Checkpoint",
+            )
+        write_manifest(uri, version, self.num_shards, meta)
+        self.count("checkpoints")
         return sum(r.nbytes for r in resps)
 
-    def restore(self, uri: str, version: int) -> None:
+    def restore(self, uri: str, version: int, prefix: str = "") -> None:
+        """Load `version` on every shard (only models named `prefix`... when given)."""
         self._fanout(
             "Restore",
-            [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
+            [
+                (s, pb.CheckpointRequest(uri=uri, version=version, prefix=prefix))
+                for s in range(self.num_shards)
+            ],
         )
+
+    def shard_epoch(self) -> int:
+        """The shard map's epoch now (it moves whenever a shard (re)registers)."""
+        self.refresh()
+        return self.epoch
 
     def health(self) -> list[pb.HealthResponse]:
         return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
@@ -466,6 +490,37 @@ class PSClient:
             timeout + 10,
         )
         return from_array(r.sum, "Collect")
+
+    # ------------------------------------------------------------ task queues & metrics
+    def add_tasks(self, queue: str, tasks: list[str], lease_seconds: float = 0.0) -> int:
+        """Append data shards to `queue` (created on first use); `lease_seconds` 0 keeps it."""
+        return self._coord(
+            "AddTasks", pb.TaskList(queue=queue, tasks=tasks, lease_seconds=lease_seconds)
+        ).value
+
+    def get_task(self, queue: str, worker: str, timeout: float = 10.0) -> pb.TaskLease:
+        """Lease the next task (`task_id` -1: none within `timeout`; `drained`: all DONE)."""
+        return self._coord(
+            "GetTask",
+            pb.TaskRequest(queue=queue, worker=worker, timeout=timeout),
+            timeout + 10,
+        )
+
+    def finish_task(self, queue: str, worker: str, task_id: int) -> bool:
+        """Mark a leased task DONE; False if it already was."""
+        return bool(
+            self._coord(
+                "FinishTask", pb.TaskRequest(queue=queue, worker=worker, task_id=task_id)
+            ).value
+        )
+
+    def count(self, event: str, n: int = 1) -> int:
+        """Add to a coordinator counter (see `metrics`)."""
+        return self._coord("Count", pb.CountRequest(event=event, n=n)).value
+
+    def metrics(self) -> dict[str, int]:
+        """The coordinator's counters: shard restarts, restores, checkpoints, requeued tasks..."""
+        return dict(self._coord("GetMetrics", pb.Empty()).counters)
 
     def shutdown(self) -> None:
         self._coord("Shutdown", pb.Empty())
