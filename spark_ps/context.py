@@ -144,7 +144,7 @@ class PSContext:
         self._version = 0
         self._fit_lock = threading.Lock()
         self._fits: set = set()
-        self._requests: dict[str, list] = {}  # uri -> [event, None | "taken" | version]
+        self._requests: dict[str, list] = {}  # uri -> [event, version once written]
         self._stopped = False
 
     @property
@@ -325,21 +325,17 @@ class PSContext:
                 self._requests.pop(fit.uri)[0].set()  # the caller snapshots by itself
 
     def take_checkpoint_request(self, uri: str) -> bool:
-        """True once for a pending `checkpoint(uri)` call: the asking fit writes it."""
+        """Is a `checkpoint(uri)` call waiting for a fit to write one?"""
         with self._fit_lock:
-            request = self._requests.get(uri)
-            if request is None or request[1] == "taken":
-                return False
-            request[1] = "taken"
-            return True
+            return uri in self._requests
 
     def checkpoint_taken(self, uri: str, version: int) -> None:
+        """A fit sealed `version` under `uri`: it answers a waiting `checkpoint(uri)`."""
         with self._fit_lock:
-            request = self._requests.get(uri)
-            if request is not None and request[1] == "taken":
-                del self._requests[uri]
-                request[1] = version
-                request[0].set()
+            request = self._requests.pop(uri, None)
+        if request is not None:
+            request[1] = version
+            request[0].set()
 
     def recover(self, uri: str | None = None, version: int | None = None) -> int:
         """Restore every shard from the newest sealed checkpoint (or `version`)."""

@@ -189,3 +189,86 @@ def _wait_for_tmp(vdir, timeout: float = 60.0):
         except FileNotFoundError:
             pass
     raise AssertionError(f"no shard file was being written under {vdir}")
+
+
+_EXECUTOR_KILL_JOB = """
+import json, sys, time
+from pathlib import Path
+import numpy as np
+from pyspark.ml.linalg import Vectors
+from pyspark.sql import SparkSession
+from spark_ps import PSContext
+from spark_ps.ml import _job
+from spark_ps.ml.classification import GBTClassifier
+
+work = Path(sys.argv[1])
+spark = SparkSession.builder.appName("spark-ps-gbt-executor-kill").getOrCreate()
+sc = spark.sparkContext
+deadline = time.time() + 120
+while sc._jsc.sc().getExecutorMemoryStatus().size() < 3 and time.time() < deadline:
+    time.sleep(0.2)  # the driver + 2 executors
+ps = PSContext.getOrCreate(spark)
+rng = np.random.default_rng(4)
+X = np.round(rng.normal(size=(600, 4)), 1)
+y = ((X[:, 0] + X[:, 1] * X[:, 2]) > 0).astype(float)
+df = spark.createDataFrame([(float(y[i]), Vectors.dense(X[i])) for i in range(len(y))],
+                           ["label", "features"])
+gbt = GBTClassifier(maxIter=3, maxDepth=3, seed=1, numWorkers=2)
+t0 = time.time()
+clean = gbt.fit(df)
+clean_seconds = time.time() - t0
+marker = work / "killed"
+_job.inject_failure_once("hist", nth=4, part=1, marker=str(marker), kill_executor=True)
+t0 = time.time()
+killed = gbt.fit(df)
+result = {
+    "clean": clean.toDebugString.split("\\n", 1)[1],
+    "killed": killed.toDebugString.split("\\n", 1)[1],
+    "weights": [list(clean.treeWeights), list(killed.treeWeights)],
+    "jvm": int(marker.read_text()),
+    "seconds": time.time() - t0,
+    "clean_seconds": clean_seconds,
+}
+spark.stop()
+print("RESULT " + json.dumps(result))
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gbt_fit_survives_a_sigkilled_executor_jvm_with_identical_trees(tmp_path):
+    """local-cluster[2,1,1024]: a worker task SIGKILLs its own executor JVM in the middle of
+    a tree; Spark reruns the barrier stage on a new executor, the retried tasks rebuild
+    their memory from the posted state, and the trees equal the clean run's."""
+    import json
+    import subprocess
+
+    job = tmp_path / "job.py"
+    job.write_text(_EXECUTOR_KILL_JOB)
+    submit = Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit"
+    cmd = [
+        str(submit),
+        "--master",
+        "local-cluster[2,1,1024]",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.task.maxFailures=4",
+        "--conf",
+        "spark.ps.numShards=2",
+        "--conf",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval=2s",
+        str(job),
+        str(tmp_path),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"job failed:\n{done.stdout}\n{done.stderr[-6000:]}"
+    r = json.loads(lines[-1][len("RESULT ") :])
+    import psutil
+
+    assert not psutil.pid_exists(r["jvm"])  # the executor JVM really died
+    assert r["killed"] == r["clean"], f"fit with the kill took {r['seconds']:.1f}s"
+    assert r["weights"][0] == r["weights"][1]
+    print(f"clean fit {r['clean_seconds']:.1f}s, fit with a killed executor {r['seconds']:.1f}s")

@@ -126,3 +126,26 @@ def test_task_queue_bad_requests_name_what_is_wrong(own_ps):
         assert client.count("promotions", 2) == n + 2  # the hook other subsystems use
     finally:
         client.close()
+
+
+@pytest.mark.timeout(180)
+def test_spark_tasks_drain_a_queue_under_executor_names(spark, own_ps):
+    """Executors lease shards with `leased_tasks` under `executor:<id>/...` names."""
+    from spark_ps.tasks import leased_tasks, worker_name
+
+    shards = [f"s3://bucket/day={d:02d}" for d in range(7)]
+    own_ps.client.add_tasks("days", shards)
+    address, token = own_ps.address, own_ps.token
+
+    def work(index, _rows):
+        client = PSClient(address, token)
+        name = worker_name(f"p{index}")
+        try:
+            yield from ((name, task) for _, task in leased_tasks(client, "days", name))
+        finally:
+            client.close()
+
+    out = spark.sparkContext.parallelize(range(2), 2).mapPartitionsWithIndex(work).collect()
+    assert sorted(task for _, task in out) == shards  # each shard once
+    assert {name for name, _ in out} <= {"executor:driver/p0", "executor:driver/p1"}
+    assert own_ps.client.get_task("days", "x", timeout=0).drained

@@ -124,19 +124,7 @@ def run_worker_loop(
             if handler is None:
                 raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
             ctx.state["_fault"] = cmd.get("_fault")
-            try:
-                handler(ctx, round_, cmd)
-            except Exception as e:
-                if "_epoch" not in cmd or ctx.client.shard_epoch() == cmd["_epoch"]:
-                    raise
-                log.warning(
-                    "partition %d skips round %d (%s): a PS shard restarted (%s); "
-                    "the driver rolls the fit back",
-                    ctx.part,
-                    round_,
-                    op,
-                    e,
-                )
+            _serve(handler, ctx, round_, cmd)
             last = round_
         rows = int(ctx.state.get("rows", 0))
         yield pa.RecordBatch.from_pydict(
@@ -150,6 +138,24 @@ def run_worker_loop(
         ctx.contribute(round_, [1.0])
 
     return task
+
+
+def _serve(handler, ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Run one command; a failure caused by a shard restart skips the round (the driver
+    sees the restart too, rolls back and posts ``rewind``) instead of failing the task."""
+    try:
+        handler(ctx, round_, cmd)
+    except Exception as e:
+        if "_epoch" not in cmd or ctx.client.shard_epoch() == cmd["_epoch"]:
+            raise
+        log.warning(
+            "partition %d skips round %d (%s): a PS shard restarted (%s); "
+            "the driver rolls the fit back",
+            ctx.part,
+            round_,
+            cmd.get("op"),
+            e,
+        )
 
 
 _FAULTS: dict[str, dict] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -110,6 +111,8 @@ class FitRecovery:
         """Bring the fit back to its newest consistent point; returns that state."""
         self.restores += 1
         client = self.ps.client
+        t0 = time.perf_counter()
+        epoch = client.shard_epoch()  # a restart during the restore is caught by the next check
         if self.ps_state:
             version, iteration, state = self._newest_checkpoint(cause)
             client.restore(self.uri, version, prefix=f"{self.job.topic}/")
@@ -121,19 +124,20 @@ class FitRecovery:
                 ) from cause
             iteration, state = self.last[0], copy.deepcopy(self.last[1])
             where = "its last tree boundary"
-        self.job.epoch = client.shard_epoch()
+        self.job.epoch = epoch
         lost = max(self.iteration - iteration, 0)
         client.count("restores")
         if lost:
             client.count("iterations_lost", lost)
         log.warning(
-            "%s: %s; rolled the fit back to %s %d from %s: %d completed %ss and the one in "
-            "progress are redone (restore %d of at most %d)",
+            "%s: %s; rolled the fit back to %s %d from %s in %.2fs: %d completed %ss and "
+            "the one in progress are redone (restore %d of at most %d)",
             self.what,
             cause,
             self._unit,
             iteration,
             where,
+            time.perf_counter() - t0,
             lost,
             self._unit,
             self.restores,
