@@ -21,7 +21,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ps_server.checkpoint import read_manifest, sealed_versions
 
@@ -133,7 +133,7 @@ class FitRecovery:
             "%s: %s; rolled the fit back to %s %d from %s in %.2fs: %d completed %ss and "
             "the one in progress are redone (restore %d of at most %d)",
             self.what,
-            cause,
+            _short(cause),
             self._unit,
             iteration,
             where,
@@ -159,6 +159,6 @@ class FitRecovery:
         ) from cause
 
 
-def resume_value(resume: dict | None, key: str, default: Any) -> Any:
-    """`resume[key]` when resuming, else `default`."""
-    return default if resume is None else resume[key]
+def _short(error: BaseException, limit: int = 300) -> str:
+    text = str(error)
+    return text if len(text) <= limit else text[:limit] + "..."
