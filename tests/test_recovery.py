@@ -39,19 +39,36 @@ def _kill_shard(ps, index: int) -> int:
     return pid
 
 
-def _kill_at(monkeypatch, ps, boundary: int, delay: float = 0.0) -> list:
-    """SIGKILL shard 1 when a fit reaches `boundary` (after `delay` seconds, so that it
-    lands inside the next iteration); returns the list the victim's pid goes into."""
+def _kill_at(monkeypatch, ps, boundary: int, after_rounds: int = 0) -> list:
+    """SIGKILL shard 1 when a fit reaches `boundary`, or `after_rounds` worker rounds
+    later (inside the next iteration); returns the list the victim's pid goes into."""
+    from spark_ps.ml import _job
+
     killed: list[int] = []
-    original = _recovery.FitRecovery.boundary
+    armed: list[int] = []
+    original, collect = _recovery.FitRecovery.boundary, _job.PSJob.collect
 
-    def boundary_then_kill(self, iteration, state):
+    def kill() -> None:
+        killed.append(ps.client.health()[1].pid)
+        os.kill(killed[0], signal.SIGKILL)
+
+    def boundary_then_arm(self, iteration, state):
         original(self, iteration, state)
-        if iteration == boundary and not killed:
-            killed.append(ps.client.health()[1].pid)
-            threading.Timer(delay, os.kill, (killed[0], signal.SIGKILL)).start()
+        if iteration == boundary and not killed and not armed:
+            armed.append(after_rounds)
+            if not after_rounds:
+                kill()
 
-    monkeypatch.setattr(_recovery.FitRecovery, "boundary", boundary_then_kill)
+    def collect_then_kill(self, round_):
+        out = collect(self, round_)
+        if armed and not killed:
+            armed[0] -= 1
+            if armed[0] == 0:
+                kill()
+        return out
+
+    monkeypatch.setattr(_recovery.FitRecovery, "boundary", boundary_then_arm)
+    monkeypatch.setattr(_job.PSJob, "collect", collect_then_kill)
     return killed
 
 
@@ -102,7 +119,7 @@ def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(spark, ckpt_ps, m
     gbt = GBTClassifier(maxIter=5, maxDepth=4, seed=3, numWorkers=2, checkpointInterval=2)
     clean = gbt.fit(df)
     before = ckpt_ps.metrics()
-    killed = _kill_at(monkeypatch, ckpt_ps, boundary=2, delay=0.3)  # inside tree 2
+    killed = _kill_at(monkeypatch, ckpt_ps, boundary=2, after_rounds=2)  # inside tree 2
     restarted = gbt.fit(df)
     assert killed
     after = {k: v - before.get(k, 0) for k, v in ckpt_ps.metrics().items()}
