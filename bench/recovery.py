@@ -76,18 +76,22 @@ def _run(ps, lr, train, test, case: str, kill_at: int | None, clean) -> tuple[di
     with _Probe(ps, kill_at) as probe, Timer() as t:
         model = lr.fit(train)
     m = {k: v - before.get(k, 0) for k, v in ps.metrics().items()}
-    same = "" if clean is None else str(
-        (model.coefficients.toArray() == clean.coefficients.toArray()).all()
-        and model.intercept == clean.intercept
+    same = (
+        ""
+        if clean is None
+        else str(
+            (model.coefficients.toArray() == clean.coefficients.toArray()).all()
+            and model.intercept == clean.intercept
+        )
     )
     row = {
         "case": case,
         "fit s": round(t.elapsed, 1),
-        "checkpoints": m["checkpoints"],
+        "checkpoints": m["checkpoint"],
         "checkpoint s": round(probe.ckpt_s, 2),
-        "restores": m["restores"],
+        "restores": m["restore"],
         "rollback s": round(probe.rollback_s, 2),
-        "iterations redone": m["iterations_lost"],
+        "iterations redone": m["iteration_lost"],
         "test AUC": round(model_auc(model, test), 4),
         "same model": same,
     }

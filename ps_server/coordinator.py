@@ -27,12 +27,13 @@ log = logging.getLogger("ps_server.coordinator")
 
 #: Counters `GetMetrics` always reports (others appear once counted).
 COUNTERS = (
-    "shard_restarts",  # shard processes started again by the service
-    "restores",  # fits that rolled their tensors back to a checkpoint
-    "checkpoints",  # sealed checkpoint versions
-    "iterations_lost",  # fit iterations (LR) / trees (GBT) redone after a restore
-    "tasks_requeued",  # task-queue leases given back (lapsed or worker lost)
-    "workers_lost",  # workers dropped by RemoveWorker (the executor listener)
+    "restart",  # shard processes started again by the service (state from a checkpoint)
+    "promotion",  # backups that took over from a dead primary (no update lost)
+    "restore",  # fits that rolled their tensors back to a checkpoint
+    "checkpoint",  # sealed checkpoint versions
+    "iteration_lost",  # fit iterations (LR) / trees (GBT) redone after a restore
+    "task_requeued",  # task-queue leases given back (lapsed or worker lost)
+    "worker_lost",  # RemoveWorker calls: a worker, or an executor and all its workers
 )
 
 
@@ -44,8 +45,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def __init__(self, num_shards: int, on_shutdown: Callable[[], None] | None = None):
         self.cond = threading.Condition()
-        self.addresses = [""] * num_shards
+        self.addresses = [""] * num_shards  # the primaries (or solo shards) clients use
+        self.pids = [0] * num_shards  # process ids of the primaries
+        self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
+        self.joining: dict[int, tuple[str, int]] = {}  # index -> (address, pid) to seed
+        self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
         self.epoch = 0
+        self.restarts = 0  # primaries (re)started: their state is a checkpoint's (or empty)
         self.models: dict[str, pb.ModelSpec] = {}
         self.barriers: dict[str, tuple[int, set[str]]] = {}  # name -> (generation, arrived)
         self.clocks: dict[str, dict[str, int]] = defaultdict(dict)
@@ -55,13 +61,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
         self.queues: dict[str, TaskQueue] = {}
-        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._on_shutdown = on_shutdown
 
     def count(self, event: str, n: int = 1) -> int:
-        """Add `n` to counter `event` (the hook for the service, shards and fits)."""
+        """Add `n` to the counter of a recovery event ("restart", "promotion", "restore",
+        "task_requeued", ...); the hook for the service, the replicas and fits."""
         with self.cond:
-            self.counters[event] = self.counters.get(event, 0) + int(n)
+            self.counters[event] += int(n)
             return self.counters[event]
 
     # ------------------------------------------------------------ shards & models
@@ -69,22 +75,73 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             return all(self.addresses)
 
+    def _map(self) -> pb.ShardMap:
+        return pb.ShardMap(
+            addresses=self.addresses, epoch=self.epoch, backups=self.backups, restarts=self.restarts
+        )
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < len(self.addresses):
+            raise RequestError(
+                "OUT_OF_RANGE", f"shard index {index} not in [0, {len(self.addresses)})"
+            )
+
     @_guard
     def GetShardMap(self, request, context):
         with self.cond:
-            return pb.ShardMap(addresses=self.addresses, epoch=self.epoch)
+            return self._map()
 
     @_guard
     def RegisterShard(self, request, context):
+        """A primary (or solo shard) enters the map; a backup waits to be seeded."""
         with self.cond:
-            if not 0 <= request.index < len(self.addresses):
-                raise RequestError(
-                    "OUT_OF_RANGE", f"shard index {request.index} not in [0, {len(self.addresses)})"
-                )
-            self.addresses[request.index] = request.address
-            self.epoch += 1
+            self._check_index(request.index)
+            if request.backup:
+                self.joining[request.index] = (request.address, request.pid)
+            else:
+                self.addresses[request.index] = request.address
+                self.pids[request.index] = request.pid
+                self.backups[request.index] = ""  # a new primary starts without a backup
+                self.epoch += 1
+                self.restarts += 1
             self.cond.notify_all()
-            return pb.ShardMap(addresses=self.addresses, epoch=self.epoch)
+            return self._map()
+
+    @_guard
+    def DropReplica(self, request, context):
+        """The primary of `index` could not update its backup: never promote that one."""
+        with self.cond:
+            self._check_index(request.index)
+            self.drop_backup(request.index, request.address)
+            return self._map()
+
+    def drop_backup(self, index: int, address: str) -> bool:
+        """Forget the backup `address` of `index` (if it still is the backup)."""
+        with self.cond:
+            if not address or self.backups[index] != address:
+                return False
+            self.backups[index] = ""
+            self.counters["backup_lost"] += 1
+            return True
+
+    def attach_backup(self, index: int, address: str, resync: bool = True) -> None:
+        """A seeded backup of `index` now receives every update (called by the supervisor)."""
+        with self.cond:
+            self.joining.pop(index, None)
+            self.backups[index] = address
+            self.counters["resync"] += int(resync)
+
+    def promote(self, index: int, pid: int) -> str:
+        """The backup of `index` (process `pid`) becomes its primary; returns its address."""
+        with self.cond:
+            address = self.backups[index]
+            if address:
+                self.addresses[index], self.backups[index] = address, ""
+                self.pids[index] = pid
+                self.epoch += 1
+                self.counters["promotion"] += 1
+                self.cond.notify_all()
+            return address
 
     @_guard
     def RegisterModel(self, request, context):
@@ -201,10 +258,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def _lost(self, who: str, match: Callable[[str], bool], group: str) -> None:
         """Count a lost worker (or executor) and give its leased tasks back (holds `cond`)."""
-        self.counters["workers_lost"] += 1
+        self.counters["worker_lost"] += 1
         for q in self.queues.values():
             if group in ("*", q.name):
-                self.counters["tasks_requeued"] += q.requeue(match, f"{who} was removed")
+                self.counters["task_requeued"] += q.requeue(match, f"{who} was removed")
         self.cond.notify_all()
 
     # ------------------------------------------------------------ the round board
@@ -290,7 +347,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             q = self._queue(request.queue)
             while True:
                 now = time.monotonic()
-                self.counters["tasks_requeued"] += q.expire(now, self._last_seen(q.name))
+                self.counters["task_requeued"] += q.expire(now, self._last_seen(q.name))
                 got = q.lease(request.worker, now)
                 if got is not None:
                     return pb.TaskLease(task_id=got[0], task=got[1], attempt=got[2])
@@ -320,7 +377,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def GetMetrics(self, request, context):
         with self.cond:
             for q in self.queues.values():  # leases lapse even when nobody asks for work
-                self.counters["tasks_requeued"] += q.expire(
+                self.counters["task_requeued"] += q.expire(
                     time.monotonic(), self._last_seen(q.name)
                 )
             return pb.Metrics(counters=dict(self.counters))

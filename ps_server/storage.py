@@ -616,6 +616,11 @@ class Contributions:
         entries = self._rounds.get(int(round), {})
         return [entries[pc] for pc in sorted(entries)]
 
+    def items(self, round: int) -> list[tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]]]:
+        """((part, chunk), (keys, values)) of a round in (part, chunk) order (for snapshots)."""
+        entries = self._rounds.get(int(round), {})
+        return [(pc, entries[pc]) for pc in sorted(entries)]
+
     def drop(self, round: int) -> None:
         """Forget one round (no error if absent)."""
         self._rounds.pop(int(round), None)

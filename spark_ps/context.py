@@ -14,6 +14,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
 ``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from;
                            fits checkpoint there every ``checkpointInterval`` iterations
+``spark.ps.replicas``      embedded processes per shard: 2 adds a synchronous backup
+                           that takes over when its primary dies (default 1)
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
 ``spark.ps.rpcTimeout``    seconds per PS call (default 120)
 ``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
@@ -46,6 +48,7 @@ _DEFAULTS = {
     "numShards": str(os.cpu_count() or 1),
     "host": "127.0.0.1",
     "checkpointDir": "",
+    "replicas": "1",
     "startTimeout": "60",
     "rpcTimeout": "120",
     "maxMessageMB": "4",
@@ -190,6 +193,9 @@ class PSContext:
     @classmethod
     def _start_embedded(cls, spark, conf: dict, token: str, kw: dict) -> PSContext:
         shards = int(_conf(spark, "numShards", conf))
+        replicas = _conf(spark, "replicas", conf)
+        if replicas not in ("1", "2"):
+            raise ValueError(f"spark.ps.replicas must be 1 or 2, got {replicas!r}")
         host = _conf(spark, "host", conf)
         cmd = [
             sys.executable,
@@ -201,6 +207,8 @@ class PSContext:
             "0",
             "--shards",
             str(shards),
+            "--replicas",
+            replicas,
             "--log-level",
             "WARNING",
         ]
@@ -243,7 +251,7 @@ class PSContext:
         from pyspark.sql import SparkSession
 
         try:
-            from spark_ps.ml.export import add_executor_listener
+            from spark_ps._jvm import add_executor_listener
 
             spark = (
                 SparkSession(sc)
@@ -309,8 +317,10 @@ class PSContext:
             return self._version
 
     def metrics(self) -> dict[str, int]:
-        """The coordinator's counters: ``shard_restarts``, ``restores``, ``checkpoints``,
-        ``iterations_lost``, ``tasks_requeued``, ``workers_lost`` (and any others counted)."""
+        """The coordinator's recovery counters: ``restart`` (shards restarted from a
+        checkpoint), ``promotion`` (backups that took over), ``restore`` (fits rolled back),
+        ``checkpoint``, ``iteration_lost`` (iterations/trees redone), ``task_requeued``,
+        ``worker_lost`` and any other counted event (see ``ps_server.coordinator.COUNTERS``)."""
         return self.client.metrics()
 
     # --- fits that checkpoint (spark_ps.ml._recovery.FitRecovery) ---

@@ -98,8 +98,8 @@ def test_lr_fit_survives_a_shard_sigkill_and_equals_the_clean_run(spark, ckpt_ps
     restarted = lr.fit(train)
     assert killed and killed[0] not in [h.pid for h in ckpt_ps.client.health()]
     after = {k: v - before.get(k, 0) for k, v in ckpt_ps.metrics().items()}
-    assert after["shard_restarts"] == 1 and after["restores"] == 1
-    assert after["iterations_lost"] == 2
+    assert after["restart"] == 1 and after["restore"] == 1
+    assert after["iteration_lost"] == 2
     # the resumed solver walks the clean run's path: the same floats, not just close ones
     np.testing.assert_array_equal(restarted.coefficients.toArray(), clean.coefficients.toArray())
     assert restarted.intercept == clean.intercept
@@ -123,8 +123,8 @@ def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(spark, ckpt_ps, m
     restarted = gbt.fit(df)
     assert killed
     after = {k: v - before.get(k, 0) for k, v in ckpt_ps.metrics().items()}
-    assert after["shard_restarts"] == 1 and after["restores"] == 1
-    assert after["checkpoints"] >= 2  # trees 0 and 2 (4 unless the kill undid one)
+    assert after["restart"] == 1 and after["restore"] == 1
+    assert after["checkpoint"] >= 2  # trees 0 and 2 (4 unless the kill undid one)
     assert restarted.toDebugString.split("\n", 1)[1] == clean.toDebugString.split("\n", 1)[1]
     np.testing.assert_array_equal(restarted.treeWeights, clean.treeWeights)
 
@@ -184,7 +184,7 @@ def test_shard_killed_mid_checkpoint_write_leaves_the_previous_version(tmp_path)
         assert set(np.unique(w.pull()).tolist()) == {1.0, 2.0}
         assert ps.recover() == 1
         np.testing.assert_array_equal(w.pull(), np.ones(n))
-        assert ps.metrics()["shard_restarts"] == 1 and ps.metrics()["checkpoints"] == 1
+        assert ps.metrics()["restart"] == 1 and ps.metrics()["checkpoint"] == 1
     finally:
         ps.stop()
 

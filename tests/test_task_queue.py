@@ -100,8 +100,8 @@ def test_killed_workers_shards_are_redone_and_each_is_done_once(own_ps, tmp_path
     assert redone == held  # exactly the dead workers' shards were leased again
     assert {p.name for p in tmp_path.glob("data-*")} == {f"data-{s}" for s in shards}
     after = client.metrics()
-    assert after["tasks_requeued"] - before["tasks_requeued"] == 2
-    assert after["workers_lost"] - before["workers_lost"] == 1
+    assert after["task_requeued"] - before["task_requeued"] == 2
+    assert after["worker_lost"] - before["worker_lost"] == 1
     drained = client.get_task("files", "late", timeout=0)
     assert drained.task_id == -1 and drained.drained
 

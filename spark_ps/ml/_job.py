@@ -13,7 +13,8 @@ attempts re-read their partitions, wait for the latest posted command and answer
 it again; their contributions *replace* the earlier attempt's, so a retry leaves
 the model exactly as a clean run would.
 
-If a PS shard restarts, the shard map's epoch moves: `collect` raises
+If a PS shard restarts (its state is a checkpoint's, or empty: not a promotion of a
+replica), the shard map's restart count moves: `collect` raises
 `ShardRestarted`, and a worker whose command failed because of the restart skips
 that round instead of failing its task; the fit rolls back (`spark_ps.ml._recovery`)
 and posts ``rewind`` so that workers rebuild their memory from the posted state.
@@ -146,7 +147,7 @@ def _serve(handler, ctx: WorkerContext, round_: int, cmd: dict) -> None:
     try:
         handler(ctx, round_, cmd)
     except Exception as e:
-        if "_epoch" not in cmd or ctx.client.shard_epoch() == cmd["_epoch"]:
+        if "_restarts" not in cmd or ctx.client.shard_restarts() == cmd["_restarts"]:
             raise
         log.warning(
             "partition %d skips round %d (%s): a PS shard restarted (%s); "
@@ -210,7 +211,7 @@ class PSJob:
         self.topic = f"job-{uuid.uuid4().hex[:12]}"
         self.round = 0
         self._state_round = 0
-        self.epoch: int | None = None  # shard map epoch the fit's PS state is consistent with
+        self.restarts: int | None = None  # shard restart count the fit's PS state matches
         self.error: BaseException | None = None
         self.result: list | None = None
         fn = run_worker_loop(
@@ -244,8 +245,8 @@ class PSJob:
             payload["_fault"] = fault
         if fault is not None:
             fault["count"] -= 1
-        if self.epoch is not None:
-            payload["_epoch"] = self.epoch
+        if self.restarts is not None:
+            payload["_restarts"] = self.restarts
         self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
         return self.round
 
@@ -271,15 +272,15 @@ class PSJob:
             return out
 
     def shards_moved(self) -> bool:
-        """Did a shard (re)register since `epoch` (None: not watched)?"""
-        return self.epoch is not None and self.ps.client.shard_epoch() != self.epoch
+        """Did a shard restart since the count was `restarts` (None: not watched)?"""
+        return self.restarts is not None and self.ps.client.shard_restarts() != self.restarts
 
     def check_shards(self) -> None:
-        """Raise `ShardRestarted` if a shard restarted since `epoch`."""
+        """Raise `ShardRestarted` if a shard restarted since the count was `restarts`."""
         if self.shards_moved():
             raise ShardRestarted(
-                f"spark-ps {self.name}: a PS shard restarted (shard map epoch {self.epoch} -> "
-                f"{self.ps.client.epoch})"
+                f"spark-ps {self.name}: a PS shard restarted (restart count {self.restarts} -> "
+                f"{self.ps.client.restarts})"
             )
 
     def rewind(self, state: dict) -> None:

@@ -2,8 +2,9 @@
 
 A restarted shard comes back with the newest sealed checkpoint (or empty), so the
 other shards and the driver are now ahead of it: any result computed since is
-suspect. The fit notices through the shard map's epoch (it moves whenever a shard
-registers; `PSJob.collect` and every worker compare it), rolls the fit's tensors —
+suspect. The fit notices through the shard map's restart count (it moves whenever a
+shard process starts as a primary, not when a backup replica is promoted — that one
+lost nothing; `PSJob.collect` and every worker compare it), rolls the fit's tensors —
 all of them, on every shard — back to the fit's newest checkpoint, restores the
 small driver-side state stored in that checkpoint's manifest (solver scalars,
 iteration, trees so far) and goes on from there. A fit whose model lives on the
@@ -54,7 +55,7 @@ class FitRecovery:
         self.iteration = 0  # the last boundary reached
         self.saved: int | None = None  # the boundary of the newest checkpoint
         self.last: tuple[int, dict] | None = None  # (boundary, state) in memory
-        job.epoch = self.ps.client.shard_epoch()
+        job.restarts = self.ps.client.shard_restarts()
 
     @property
     def enabled(self) -> bool:
@@ -73,7 +74,7 @@ class FitRecovery:
         version = self.ps.next_version(self.uri)
         meta = {"fits": {self.job.topic: {"iteration": iteration, "state": state()}}}
         try:
-            self.ps.client.checkpoint(self.uri, version, meta, epoch=self.job.epoch)
+            self.ps.client.checkpoint(self.uri, version, meta, restarts=self.job.restarts)
         except Exception:
             self.job.check_shards()  # a restart while writing: roll back, not fail
             raise
@@ -112,7 +113,7 @@ class FitRecovery:
         self.restores += 1
         client = self.ps.client
         t0 = time.perf_counter()
-        epoch = client.shard_epoch()  # a restart during the restore is caught by the next check
+        restarts = client.shard_restarts()  # a restart during the restore: the next check
         if self.ps_state:
             version, iteration, state = self._newest_checkpoint(cause)
             client.restore(self.uri, version, prefix=f"{self.job.topic}/")
@@ -124,11 +125,11 @@ class FitRecovery:
                 ) from cause
             iteration, state = self.last[0], copy.deepcopy(self.last[1])
             where = "its last tree boundary"
-        self.job.epoch = epoch
+        self.job.restarts = restarts
         lost = max(self.iteration - iteration, 0)
-        client.count("restores")
+        client.count("restore")
         if lost:
-            client.count("iterations_lost", lost)
+            client.count("iteration_lost", lost)
         log.warning(
             "%s: %s; rolled the fit back to %s %d from %s in %.2fs: %d completed %ss and "
             "the one in progress are redone (restore %d of at most %d)",
