@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from spark_ps.client import PSClient
 
-__all__ = ["executor_id", "worker_name", "leased_tasks"]
+__all__ = ["executor_id", "executor_jvm", "worker_name", "leased_tasks"]
 
 _EXECUTOR_FILE = "spark-ps-executor.properties"  # written by io.sparkps.bridge.PSPlugin
 
@@ -29,15 +29,22 @@ def executor_id() -> str:
                 for line in f:
                     if line.startswith("executor.id="):
                         return line.split("=", 1)[1].strip()
-    import psutil
-
-    proc = psutil.Process()
-    while proc is not None and proc.name() != "java":
-        proc = proc.parent()
+    proc = executor_jvm()
     args = proc.cmdline() if proc is not None else []
     if "--executor-id" in args[:-1]:
         return args[args.index("--executor-id") + 1]
     return "driver"
+
+
+def executor_jvm():
+    """The JVM this Python worker serves (the nearest ``java`` ancestor, a psutil.Process),
+    or None outside Spark."""
+    import psutil
+
+    proc = psutil.Process().parent()
+    while proc is not None and proc.name() != "java":
+        proc = proc.parent()
+    return proc
 
 
 def worker_name(name: str) -> str:

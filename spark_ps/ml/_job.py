@@ -177,11 +177,9 @@ def _kill_executor_jvm(marker: str) -> None:
     goes into `marker`."""
     import signal
 
-    import psutil
+    from spark_ps.tasks import executor_jvm
 
-    proc = psutil.Process().parent()
-    while proc is not None and proc.name() != "java":
-        proc = proc.parent()
+    proc = executor_jvm()
     if proc is None:
         raise RuntimeError("no executor JVM above this Python worker")
     with open(marker, "w") as f:
