@@ -27,6 +27,8 @@ __all__ = [
     "save_shard",
     "load_shard",
     "write_manifest",
+    "read_manifest",
+    "sealed_versions",
     "latest_version",
     "restore_latest",
 ]
@@ -133,17 +135,30 @@ def _sealed(filesystem: pafs.FileSystem, root: str, version: int) -> bool:
     return info.type == pafs.FileType.File
 
 
-def latest_version(uri: str) -> int | None:
-    """The newest sealed version under `uri`, or None."""
+def read_manifest(uri: str, version: int) -> dict:
+    """The manifest of a sealed version (its `extra` fields included)."""
+    filesystem, root = _fs(uri)
+    with filesystem.open_input_file(f"{_vdir(root, version)}/MANIFEST.json") as f:
+        return json.loads(f.read())
+
+
+def sealed_versions(uri: str) -> list[int]:
+    """Every sealed version under `uri`, oldest first (torn ones are skipped)."""
     filesystem, root = _fs(uri)
     if filesystem.get_file_info(root).type != pafs.FileType.Directory:
-        return None
+        return []
     versions = []
     for info in filesystem.get_file_info(pafs.FileSelector(root)):
         m = _VERSION.match(info.base_name)
         if m and _sealed(filesystem, root, int(m.group(1))):
             versions.append(int(m.group(1)))
-    return max(versions, default=None)
+    return sorted(versions)
+
+
+def latest_version(uri: str) -> int | None:
+    """The newest sealed version under `uri`, or None."""
+    versions = sealed_versions(uri)
+    return versions[-1] if versions else None
 
 
 def restore_latest(uri: str, index: int) -> tuple[dict, int] | None:

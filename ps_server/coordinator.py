@@ -1,4 +1,5 @@
-"""The control plane: shard map, model registry, barriers, clocks and the round board.
+"""The control plane: shard map, model registry, barriers, clocks, the round board,
+the task queues and the recovery counters.
 
 Everything blocking (barriers, SSP clocks, waits, collects) waits on one condition
 variable with a deadline, and a worker that is removed (lost executor, failed
@@ -7,6 +8,7 @@ task) stops counting, so nobody waits for the dead forever.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -16,9 +18,23 @@ import numpy as np
 
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.tasks import TaskQueue
 from ps_server.wire import RequestError, from_array, guard, to_array
 
-__all__ = ["CoordinatorServicer"]
+__all__ = ["CoordinatorServicer", "COUNTERS"]
+
+log = logging.getLogger("ps_server.coordinator")
+
+#: Counters `GetMetrics` always reports (others appear once counted).
+COUNTERS = (
+    "restart",  # shard processes started again by the service (state from a checkpoint)
+    "promotion",  # backups that took over from a dead primary (no update lost)
+    "restore",  # fits that rolled their tensors back to a checkpoint
+    "checkpoint",  # sealed checkpoint versions
+    "iteration_lost",  # fit iterations (LR) / trees (GBT) redone after a restore
+    "task_requeued",  # task-queue leases given back (lapsed or worker lost)
+    "worker_lost",  # RemoveWorker calls: a worker, or an executor and all its workers
+)
 
 
 _guard = guard(lambda self: "coordinator")
@@ -33,8 +49,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.pids = [0] * num_shards  # process ids of the primaries
         self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
         self.joining: dict[int, tuple[str, int]] = {}  # index -> (address, pid) to seed
-        self.counters: dict[str, int] = defaultdict(int)  # recovery events (count())
+        self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
         self.epoch = 0
+        self.restarts = 0  # primaries (re)started: their state is a checkpoint's (or empty)
         self.models: dict[str, pb.ModelSpec] = {}
         self.barriers: dict[str, tuple[int, set[str]]] = {}  # name -> (generation, arrived)
         self.clocks: dict[str, dict[str, int]] = defaultdict(dict)
@@ -43,20 +60,25 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.heartbeats: dict[tuple[str, str], float] = {}
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
+        self.queues: dict[str, TaskQueue] = {}
         self._on_shutdown = on_shutdown
+
+    def count(self, event: str, n: int = 1) -> int:
+        """Add `n` to the counter of a recovery event ("restart", "promotion", "restore",
+        "task_requeued", ...); the hook for the service, the replicas and fits."""
+        with self.cond:
+            self.counters[event] += int(n)
+            return self.counters[event]
 
     # ------------------------------------------------------------ shards & models
     def ready(self) -> bool:
         with self.cond:
             return all(self.addresses)
 
-    def count(self, event: str, n: int = 1) -> None:
-        """Add `n` to the counter of a recovery event ("promotion", "resync", ...)."""
-        with self.cond:
-            self.counters[event] += n
-
     def _map(self) -> pb.ShardMap:
-        return pb.ShardMap(addresses=self.addresses, epoch=self.epoch, backups=self.backups)
+        return pb.ShardMap(
+            addresses=self.addresses, epoch=self.epoch, backups=self.backups, restarts=self.restarts
+        )
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self.addresses):
@@ -81,6 +103,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.pids[request.index] = request.pid
                 self.backups[request.index] = ""  # a new primary starts without a backup
                 self.epoch += 1
+                self.restarts += 1
             self.cond.notify_all()
             return self._map()
 
@@ -217,7 +240,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             if request.group != "*":
                 self.removed[request.group].add(request.worker)
-                self.cond.notify_all()
+                self._lost(request.worker, lambda w: w == request.worker, request.group)
                 return pb.Ack(value=1)
             prefix = request.worker + "/"
             n = 0
@@ -230,8 +253,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     if worker.startswith(prefix) and worker not in self.removed[group]:
                         self.removed[group].add(worker)
                         n += 1
-            self.cond.notify_all()
+            self._lost(request.worker, lambda w: w.startswith(prefix), "*")
             return pb.Ack(value=n)
+
+    def _lost(self, who: str, match: Callable[[str], bool], group: str) -> None:
+        """Count a lost worker (or executor) and give its leased tasks back (holds `cond`)."""
+        self.counters["worker_lost"] += 1
+        for q in self.queues.values():
+            if group in ("*", q.name):
+                self.counters["task_requeued"] += q.requeue(match, f"{who} was removed")
+        self.cond.notify_all()
 
     # ------------------------------------------------------------ the round board
     @_guard
@@ -281,6 +312,75 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.CollectResponse(
             sum=to_array(total if total is not None else np.zeros(0)), num_parts=len(parts)
         )
+
+    # ------------------------------------------------------------ task queues
+    @_guard
+    def AddTasks(self, request, context):
+        if not request.queue:
+            raise RequestError("INVALID_ARGUMENT", "AddTasks: empty queue name")
+        with self.cond:
+            q = self.queues.setdefault(request.queue, TaskQueue(request.queue))
+            try:
+                n = q.add(list(request.tasks), request.lease_seconds)
+            except ValueError as e:
+                raise RequestError("INVALID_ARGUMENT", str(e)) from None
+            self.cond.notify_all()
+            return pb.Ack(value=n)
+
+    def _queue(self, name: str) -> TaskQueue:
+        q = self.queues.get(name)
+        if q is None:
+            raise RequestError("NOT_FOUND", f"unknown task queue {name!r} (AddTasks first)")
+        return q
+
+    def _last_seen(self, queue: str) -> Callable[[str], float]:
+        wall, mono = time.time(), time.monotonic()  # heartbeats are wall-clock stamps
+        return lambda w: self.heartbeats.get((queue, w), -1e18) - wall + mono
+
+    @_guard
+    def GetTask(self, request, context):
+        """Lease the next TODO task to `worker`, waiting up to `timeout` for one."""
+        if not request.worker:
+            raise RequestError("INVALID_ARGUMENT", f"GetTask on {request.queue!r}: empty worker")
+        deadline = time.monotonic() + max(request.timeout, 0.0)
+        with self.cond:
+            q = self._queue(request.queue)
+            while True:
+                now = time.monotonic()
+                self.counters["task_requeued"] += q.expire(now, self._last_seen(q.name))
+                got = q.lease(request.worker, now)
+                if got is not None:
+                    return pb.TaskLease(task_id=got[0], task=got[1], attempt=got[2])
+                if q.drained or now >= deadline:
+                    return pb.TaskLease(task_id=-1, drained=q.drained)
+                self.cond.wait(min(deadline - now, 0.5))
+
+    @_guard
+    def FinishTask(self, request, context):
+        with self.cond:
+            q = self._queue(request.queue)
+            try:
+                first = q.finish(request.task_id, request.worker)
+            except ValueError as e:
+                raise RequestError("OUT_OF_RANGE", str(e)) from None
+            self.cond.notify_all()
+            return pb.Ack(value=int(first))
+
+    # ------------------------------------------------------------ metrics
+    @_guard
+    def Count(self, request, context):
+        if not request.event:
+            raise RequestError("INVALID_ARGUMENT", "Count: empty event name")
+        return pb.Ack(value=self.count(request.event, request.n or 1))
+
+    @_guard
+    def GetMetrics(self, request, context):
+        with self.cond:
+            for q in self.queues.values():  # leases lapse even when nobody asks for work
+                self.counters["task_requeued"] += q.expire(
+                    time.monotonic(), self._last_seen(q.name)
+                )
+            return pb.Metrics(counters=dict(self.counters))
 
     @_guard
     def Shutdown(self, request, context):

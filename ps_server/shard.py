@@ -211,6 +211,8 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_replicated()
     def Restore(self, request, context):
         models = checkpoint.load_shard(request.uri, request.version, self.index)
+        if request.prefix:
+            models = {n: t for n, t in models.items() if n.startswith(request.prefix)}
         with self._lock:  # models created since the snapshot are kept
             self.models.update(models)
         return pb.CheckpointResponse(num_models=len(models))

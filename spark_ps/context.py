@@ -12,7 +12,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.token``         auth token of that service (env ``SPARK_PS_TOKEN`` too)
 ``spark.ps.numShards``     embedded shards (default: one per core)
 ``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
-``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from
+``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from;
+                           fits checkpoint there every ``checkpointInterval`` iterations
 ``spark.ps.replicas``      embedded processes per shard: 2 adds a synchronous backup
                            that takes over when its primary dies (default 1)
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
@@ -144,6 +145,9 @@ class PSContext:
         )
         self.num_shards = self.client.num_shards
         self._version = 0
+        self._fit_lock = threading.Lock()
+        self._fits: set = set()
+        self._requests: dict[str, list] = {}  # uri -> [event, version once written]
         self._stopped = False
 
     @property
@@ -282,16 +286,66 @@ class PSContext:
             if PSContext._active is self:
                 PSContext._active = None
 
-    def checkpoint(self, uri: str | None = None) -> int:
-        """Snapshot every model (weights and optimizer state); returns the version written."""
+    def checkpoint(self, uri: str | None = None, timeout: float = 600.0) -> int:
+        """Snapshot every model (weights and optimizer state); returns the version written.
+
+        While a fit that checkpoints to `uri` runs, the snapshot is taken by that fit at
+        its next consistent point (an iteration or tree boundary), with the fit's own
+        state in the manifest; this call waits for it (at most `timeout` seconds).
+        """
         uri = uri or self.checkpoint_dir
         if not uri:
             raise ValueError("no checkpoint directory: pass uri or set spark.ps.checkpointDir")
+        with self._fit_lock:
+            waiting = any(f.uri == uri for f in self._fits)
+            if waiting:
+                request = self._requests.setdefault(uri, [threading.Event(), None])
+        if waiting and request[0].wait(timeout) and request[1] is not None:
+            return request[1]
+        with self._fit_lock:  # no fit took it (it ended first): snapshot now
+            self._requests.pop(uri, None)
+        version = self.next_version(uri)
+        self.client.checkpoint(uri, version)
+        return version
+
+    def next_version(self, uri: str) -> int:
+        """A checkpoint version number above every one under `uri`."""
         from ps_server.checkpoint import latest_version
 
-        self._version = max(self._version, (latest_version(uri) or 0)) + 1
-        self.client.checkpoint(uri, self._version)
-        return self._version
+        with self._fit_lock:
+            self._version = max(self._version, (latest_version(uri) or 0)) + 1
+            return self._version
+
+    def metrics(self) -> dict[str, int]:
+        """The coordinator's recovery counters: ``restart`` (shards restarted from a
+        checkpoint), ``promotion`` (backups that took over), ``restore`` (fits rolled back),
+        ``checkpoint``, ``iteration_lost`` (iterations/trees redone), ``task_requeued``,
+        ``worker_lost`` and any other counted event (see ``ps_server.coordinator.COUNTERS``)."""
+        return self.client.metrics()
+
+    # --- fits that checkpoint (spark_ps.ml._recovery.FitRecovery) ---
+    def fit_started(self, fit) -> None:
+        with self._fit_lock:
+            self._fits.add(fit)
+
+    def fit_ended(self, fit) -> None:
+        with self._fit_lock:
+            self._fits.discard(fit)
+            if not any(f.uri == fit.uri for f in self._fits) and fit.uri in self._requests:
+                self._requests.pop(fit.uri)[0].set()  # the caller snapshots by itself
+
+    def take_checkpoint_request(self, uri: str) -> bool:
+        """Is a `checkpoint(uri)` call waiting for a fit to write one?"""
+        with self._fit_lock:
+            return uri in self._requests
+
+    def checkpoint_taken(self, uri: str, version: int) -> None:
+        """A fit sealed `version` under `uri`: it answers a waiting `checkpoint(uri)`."""
+        with self._fit_lock:
+            request = self._requests.pop(uri, None)
+        if request is not None:
+            request[1] = version
+            request[0].set()
 
     def recover(self, uri: str | None = None, version: int | None = None) -> int:
         """Restore every shard from the newest sealed checkpoint (or `version`)."""

@@ -778,6 +778,31 @@ class CoordinatorStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.RegisterShardRequest.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
                 _registered_method=True)
+        self.AddTasks = channel.unary_unary(
+                '/spark_ps.Coordinator/AddTasks',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.TaskList.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.GetTask = channel.unary_unary(
+                '/spark_ps.Coordinator/GetTask',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.TaskRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.TaskLease.FromString,
+                _registered_method=True)
+        self.FinishTask = channel.unary_unary(
+                '/spark_ps.Coordinator/FinishTask',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.TaskRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.Count = channel.unary_unary(
+                '/spark_ps.Coordinator/Count',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.CountRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.GetMetrics = channel.unary_unary(
+                '/spark_ps.Coordinator/GetMetrics',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Metrics.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -868,6 +893,36 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTasks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Count(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMetrics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -940,6 +995,31 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.DropReplica,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.RegisterShardRequest.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.SerializeToString,
+            ),
+            'AddTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTasks,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.TaskList.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'GetTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTask,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.TaskRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.TaskLease.SerializeToString,
+            ),
+            'FinishTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishTask,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.TaskRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'Count': grpc.unary_unary_rpc_method_handler(
+                    servicer.Count,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.CountRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'GetMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMetrics,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.Empty.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Metrics.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1320,6 +1400,141 @@ class Coordinator:
             '/spark_ps.Coordinator/DropReplica',
             ps__server_dot_proto_dot_ps__pb2.RegisterShardRequest.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/AddTasks',
+            ps__server_dot_proto_dot_ps__pb2.TaskList.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/GetTask',
+            ps__server_dot_proto_dot_ps__pb2.TaskRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.TaskLease.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/FinishTask',
+            ps__server_dot_proto_dot_ps__pb2.TaskRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Count(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/Count',
+            ps__server_dot_proto_dot_ps__pb2.CountRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/GetMetrics',
+            ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Metrics.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,7 +79,7 @@ class PSClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self.coordinator = pb_grpc.CoordinatorStub(self._channel(address))
-        self.epoch, self.shards = -1, []
+        self.epoch, self.restarts, self.shards = -1, -1, []
         self.refresh()
 
     # ------------------------------------------------------------ plumbing
@@ -92,7 +92,7 @@ class PSClient:
     def refresh(self) -> None:
         """Re-read the shard map (after a shard restarted elsewhere)."""
         smap = self._coord("GetShardMap", pb.Empty())
-        self.epoch = smap.epoch
+        self.epoch, self.restarts = smap.epoch, smap.restarts
         self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
         self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
 
@@ -394,22 +394,48 @@ class PSClient:
             for r in resps
         ]
 
-    def checkpoint(self, uri: str, version: int) -> int:
-        """Snapshot every shard, then seal the version with a manifest. Returns bytes written."""
+    def checkpoint(
+        self, uri: str, version: int, meta: dict | None = None, restarts: int | None = None
+    ) -> int:
+        """Snapshot every shard, then seal the version with a manifest. Returns bytes written.
+
+        `meta` goes into the manifest. The version is sealed only if no shard restarted
+        since the restart count was `restarts` (default: now) — a restarted shard answers
+        from an older state, so its file would not match the others'; the version is then
+        left torn and never loaded.
+        """
         from ps_server.checkpoint import write_manifest
 
+        restarts = self.shard_restarts() if restarts is None else restarts
         resps = self._fanout(
             "Checkpoint",
             [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
         )
-        write_manifest(uri, version, self.num_shards)
+        if self.shard_restarts() != restarts:
+            raise PSError(
+                f"a shard restarted (restart count {restarts} -> {self.restarts}) while version "
+                f"{version} was written to {uri}; it stays unsealed and is never loaded",
+                rpc="Checkpoint",
+            )
+        write_manifest(uri, version, self.num_shards, meta)
+        self.count("checkpoint")
         return sum(r.nbytes for r in resps)
 
-    def restore(self, uri: str, version: int) -> None:
+    def restore(self, uri: str, version: int, prefix: str = "") -> None:
+        """Load `version` on every shard (only models named `prefix`... when given)."""
         self._fanout(
             "Restore",
-            [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
+            [
+                (s, pb.CheckpointRequest(uri=uri, version=version, prefix=prefix))
+                for s in range(self.num_shards)
+            ],
         )
+
+    def shard_restarts(self) -> int:
+        """How many times a shard process started as a primary, now: it moves when a shard
+        restarts (from a checkpoint, or empty), not when a backup is promoted."""
+        self.refresh()
+        return self.restarts
 
     def health(self) -> list[pb.HealthResponse]:
         return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
@@ -492,6 +518,37 @@ class PSClient:
             timeout + 10,
         )
         return from_array(r.sum, "Collect")
+
+    # ------------------------------------------------------------ task queues & metrics
+    def add_tasks(self, queue: str, tasks: list[str], lease_seconds: float = 0.0) -> int:
+        """Append data shards to `queue` (created on first use); `lease_seconds` 0 keeps it."""
+        return self._coord(
+            "AddTasks", pb.TaskList(queue=queue, tasks=tasks, lease_seconds=lease_seconds)
+        ).value
+
+    def get_task(self, queue: str, worker: str, timeout: float = 10.0) -> pb.TaskLease:
+        """Lease the next task (`task_id` -1: none within `timeout`; `drained`: all DONE)."""
+        return self._coord(
+            "GetTask",
+            pb.TaskRequest(queue=queue, worker=worker, timeout=timeout),
+            timeout + 10,
+        )
+
+    def finish_task(self, queue: str, worker: str, task_id: int) -> bool:
+        """Mark a leased task DONE; False if it already was."""
+        return bool(
+            self._coord(
+                "FinishTask", pb.TaskRequest(queue=queue, worker=worker, task_id=task_id)
+            ).value
+        )
+
+    def count(self, event: str, n: int = 1) -> int:
+        """Add to a coordinator counter (see `metrics`)."""
+        return self._coord("Count", pb.CountRequest(event=event, n=n)).value
+
+    def metrics(self) -> dict[str, int]:
+        """The coordinator's counters: shard restarts, restores, checkpoints, requeued tasks..."""
+        return dict(self._coord("GetMetrics", pb.Empty()).counters)
 
     def shutdown(self) -> None:
         self._coord("Shutdown", pb.Empty())

@@ -12,6 +12,12 @@ If Spark retries the barrier stage (a task failed, an executor died), the new
 attempts re-read their partitions, wait for the latest posted command and answer
 it again; their contributions *replace* the earlier attempt's, so a retry leaves
 the model exactly as a clean run would.
+
+If a PS shard restarts (its state is a checkpoint's, or empty: not a promotion of a
+replica), the shard map's restart count moves: `collect` raises
+`ShardRestarted`, and a worker whose command failed because of the restart skips
+that round instead of failing its task; the fit rolls back (`spark_ps.ml._recovery`)
+and posts ``rewind`` so that workers rebuild their memory from the posted state.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_ps.client import get_client
+from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
     "PSJob",
@@ -77,6 +84,8 @@ class WorkerContext:
         fault = self.state.get("_fault")
         if fault and fault["part"] == self.part and not os.path.exists(fault["marker"]):
             open(fault["marker"], "w").close()
+            if fault.get("kill_executor"):
+                _kill_executor_jvm(fault["marker"])
             raise RuntimeError(
                 f"injected failure of partition {self.part} in round {round_}, "
                 "after its pushes and before its contribution"
@@ -94,13 +103,14 @@ def run_worker_loop(
 ):
     """Build the function a barrier `mapInArrow` runs: read once, then serve commands."""
 
+    recover = handlers.get("recover")
+
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
 
         tc = BarrierTaskContext.get()
         ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca)
         setup(batches, ctx)
-        recover = handlers.get("recover")
         if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
             state = _latest(ctx.client, f"{topic}/state")
             if state is not None:
@@ -111,29 +121,70 @@ def run_worker_loop(
             op = cmd.get("op")
             if op == "stop":
                 break
-            handler = handlers.get(op)
+            handler = _rewind if op == "rewind" else handlers.get(op)
             if handler is None:
                 raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
             ctx.state["_fault"] = cmd.get("_fault")
-            handler(ctx, round_, cmd)
+            _serve(handler, ctx, round_, cmd)
             last = round_
         rows = int(ctx.state.get("rows", 0))
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([ctx.part], pa.int64()), "rows": pa.array([rows], pa.int64())}
         )
 
+    def _rewind(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+        """Rebuild memory from the state the driver rolled back to."""
+        if recover is not None:
+            recover(ctx, _latest(ctx.client, f"{topic}/state") or {})
+        ctx.contribute(round_, [1.0])
+
     return task
+
+
+def _serve(handler, ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Run one command; a failure caused by a shard restart skips the round (the driver
+    sees the restart too, rolls back and posts ``rewind``) instead of failing the task."""
+    try:
+        handler(ctx, round_, cmd)
+    except Exception as e:
+        if "_restarts" not in cmd or ctx.client.shard_restarts() == cmd["_restarts"]:
+            raise
+        log.warning(
+            "partition %d skips round %d (%s): a PS shard restarted (%s); "
+            "the driver rolls the fit back",
+            ctx.part,
+            round_,
+            cmd.get("op"),
+            e,
+        )
 
 
 _FAULTS: dict[str, dict] = {}
 
 
-def inject_failure_once(op: str, nth: int, part: int, marker: str) -> None:
+def inject_failure_once(
+    op: str, nth: int, part: int, marker: str, kill_executor: bool = False
+) -> None:
     """Chaos hook for tests: partition `part` dies once in the `nth` (0-based) `op` round
     of the next fits, after its pushes and before its contribution. `marker` is a file
     path that records the failure (so the retried attempt goes on); clear with
-    `clear_failures()`."""
-    _FAULTS[op] = {"count": nth, "part": part, "marker": marker}
+    `clear_failures()`. With `kill_executor`, the task SIGKILLs its executor's JVM."""
+    _FAULTS[op] = {"count": nth, "part": part, "marker": marker, "kill_executor": kill_executor}
+
+
+def _kill_executor_jvm(marker: str) -> None:
+    """SIGKILL the JVM this Python worker serves (the nearest `java` ancestor); its pid
+    goes into `marker`."""
+    import signal
+
+    from spark_ps.tasks import executor_jvm
+
+    proc = executor_jvm()
+    if proc is None:
+        raise RuntimeError("no executor JVM above this Python worker")
+    with open(marker, "w") as f:
+        f.write(str(proc.pid))
+    os.kill(proc.pid, signal.SIGKILL)
 
 
 def clear_failures() -> None:
@@ -158,6 +209,7 @@ class PSJob:
         self.topic = f"job-{uuid.uuid4().hex[:12]}"
         self.round = 0
         self._state_round = 0
+        self.restarts: int | None = None  # shard restart count the fit's PS state matches
         self.error: BaseException | None = None
         self.result: list | None = None
         fn = run_worker_loop(
@@ -191,6 +243,8 @@ class PSJob:
             payload["_fault"] = fault
         if fault is not None:
             fault["count"] -= 1
+        if self.restarts is not None:
+            payload["_restarts"] = self.restarts
         self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
         return self.round
 
@@ -204,12 +258,33 @@ class PSJob:
         while True:
             self._check()
             try:
-                return self.ps.client.collect(
+                out = self.ps.client.collect(
                     f"{self.topic}/out", round_, self.num_workers, timeout=2.0
                 )
             except Exception as e:  # noqa: BLE001 - a timeout: check the job and wait again
                 if "timed out" not in str(e):
                     raise
+                self.check_shards()  # workers skip a round that a shard restart broke
+                continue
+            self.check_shards()
+            return out
+
+    def shards_moved(self) -> bool:
+        """Did a shard restart since the count was `restarts` (None: not watched)?"""
+        return self.restarts is not None and self.ps.client.shard_restarts() != self.restarts
+
+    def check_shards(self) -> None:
+        """Raise `ShardRestarted` if a shard restarted since the count was `restarts`."""
+        if self.shards_moved():
+            raise ShardRestarted(
+                f"spark-ps {self.name}: a PS shard restarted (restart count {self.restarts} -> "
+                f"{self.ps.client.restarts})"
+            )
+
+    def rewind(self, state: dict) -> None:
+        """After a rollback: post `state` and have every worker rebuild from it."""
+        self.post_state(state)
+        self.call("rewind")
 
     def call(self, op: str, **payload) -> tuple[int, np.ndarray]:
         """`command` then `collect`: one synchronous round."""

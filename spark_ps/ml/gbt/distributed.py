@@ -35,6 +35,7 @@ from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
 from spark_ps.ml._progress import Progress
+from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.gbt.estimator import register_trainer
 from spark_ps.ml.tree.binning import (
@@ -448,6 +449,9 @@ def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | No
         _HANDLERS,
         name=f"{type(loss).__name__[1:]} GBT(maxIter={p.maxIter})",
     ) as job:
+        recovery = FitRecovery(
+            job, params.get("checkpointInterval", -1), ps_state=False, what=job.name
+        )
         nw = job.num_workers
         _, meta = job.call("meta", n_workers=nw)
         meta = meta.reshape(nw, 4)
@@ -470,36 +474,41 @@ def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | No
             "weights": [],
             "current": None,
         }
-        trees, weights, hist = _boost(
-            job,
-            ps,
-            p,
-            thresholds,
-            n_bins,
-            n_rows,
-            max_w,
-            min_w,
-            n_features,
-            validation is not None,
-            state,
+        trees, weights, hist = recovery.run(
+            lambda resume: _boost(
+                job,
+                ps,
+                p,
+                thresholds,
+                n_bins,
+                n_rows,
+                max_w,
+                min_w,
+                n_features,
+                validation is not None,
+                state if resume is None else resume,
+                recovery,
+            )
         )
     hist["fit_seconds"] = time.perf_counter() - t0
     return trees, weights, n_features, hist
 
 
-def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has_val, state):
-    """Boosting iterations; `state` (posted before each step) lets retried tasks resume."""
+def _boost(
+    job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has_val, state, recovery
+):
+    """Boosting iterations; `state` (posted before each step) lets retried tasks resume,
+    and a state from `recovery` (trees so far) resumes the fit after a shard restart."""
     nw = job.num_workers
-    trees, weights = [], []
-    hist = {"train_loss": [], "validation_loss": []}
-    best_err, best_m = 0.0, 1
+    trees, weights, hist, (best_err, best_m), m0 = _resume_point(job, state)
     pool = _HistPool(ps, f"{job.topic}/hist", n_features)
     bar = Progress("spark-ps GBT", p.maxIter, unit="tree")
-    state["current"] = {"tree": 0, "scale": None}
+    state["current"] = {"tree": m0, "scale": None}
     job.post_state(state)
-    _, bounds = job.call("targets", tree=0, n_workers=nw)
+    _, bounds = job.call("targets", tree=m0, n_workers=nw)
     try:
-        for m in range(p.maxIter):
+        for m in range(m0, p.maxIter):
+            recovery.boundary(m, lambda: {**state, "hist": hist, "best": [best_err, best_m]})  # noqa: B023 - called now
             bounds = bounds.reshape(nw, 2)
             scale = choose_scale(
                 -float(bounds[:, 0].max()), float(bounds[:, 1].max()), max_w, n_rows
@@ -555,6 +564,17 @@ def _boost(job, ps, p, thresholds, n_bins, n_rows, max_w, min_w, n_features, has
     if has_val:
         trees, weights = trees[:best_m], weights[:best_m]
     return trees, np.asarray(weights), hist
+
+
+def _resume_point(job: PSJob, state: dict):
+    """(trees, weights, loss history, (best validation error, its tree count), first tree)
+    of a fresh fit, or of a state a rollback returned (workers rebuild from it first)."""
+    if "hist" not in state:
+        return [], [], {"train_loss": [], "validation_loss": []}, (0.0, 1), 0
+    job.rewind(state)
+    trees = [TreeArrays.from_dict(t) for t in state["trees"]]
+    best_err, best_m = state["best"]
+    return trees, list(state["weights"]), state["hist"], (best_err, int(best_m)), len(trees)
 
 
 register_trainer(train_gbt)

@@ -274,7 +274,7 @@ class _GBTEstimator(DefaultParamsWritable):
         return self._set(cacheNodeIds=value)
 
     def setCheckpointInterval(self, value: int) -> Any:
-        """Sets the value of :py:attr:`checkpointInterval` (accepted, not applicable)."""
+        """Sets the value of :py:attr:`checkpointInterval` (PS checkpoint every N trees)."""
         return self._set(checkpointInterval=value)
 
     def setImpurity(self, value: str) -> Any:
@@ -339,10 +339,11 @@ class GBTClassifier(
     """Gradient-boosted trees for binary classification, trained on the parameter server.
 
     A drop-in for :class:`pyspark.ml.classification.GBTClassifier`: same Params, defaults,
-    output columns and model API (labels must be 0 or 1; logistic loss). ``maxMemoryInMB``,
-    ``cacheNodeIds`` and ``checkpointInterval`` are accepted and ignored (not applicable: the
-    PS holds the histograms and workers keep node ids). Categorical feature metadata with more
-    than two values is rejected. ``numWorkers`` is an addition.
+    output columns and model API (labels must be 0 or 1; logistic loss). ``maxMemoryInMB`` and
+    ``cacheNodeIds`` are accepted and ignored (not applicable: the PS holds the histograms and
+    workers keep node ids); ``checkpointInterval`` checkpoints the PS every that many trees
+    when ``spark.ps.checkpointDir`` is set. Categorical feature metadata with more than two
+    values is rejected. ``numWorkers`` is an addition.
 
     Examples
     --------
@@ -432,8 +433,9 @@ class GBTRegressor(
     """Gradient-boosted trees for regression, trained on the parameter server.
 
     A drop-in for :class:`pyspark.ml.regression.GBTRegressor` (losses ``squared`` and
-    ``absolute``); ``maxMemoryInMB``, ``cacheNodeIds`` and ``checkpointInterval`` are accepted
-    and ignored (not applicable to the PS). ``numWorkers`` is an addition.
+    ``absolute``); ``maxMemoryInMB`` and ``cacheNodeIds`` are accepted and ignored (not
+    applicable to the PS); ``checkpointInterval`` checkpoints the PS every that many trees when
+    ``spark.ps.checkpointDir`` is set. ``numWorkers`` is an addition.
 
     Examples
     --------

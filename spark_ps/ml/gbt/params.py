@@ -27,10 +27,11 @@ __all__ = [
 ]
 
 #: MLlib memory/caching hints that have no meaning here: histograms live on the PS shards and each
-#: worker keeps its rows' node ids in memory, so there is no node-id RDD to cache or checkpoint and
-#: no driver-side aggregation buffer to size. They are accepted (so MLlib code runs unchanged) and
-#: ignored.
-NOT_APPLICABLE_PARAMS: tuple[str, ...] = ("maxMemoryInMB", "cacheNodeIds", "checkpointInterval")
+#: worker keeps its rows' node ids in memory, so there is no node-id RDD to cache and no
+#: driver-side aggregation buffer to size. They are accepted (so MLlib code runs unchanged) and
+#: ignored. ``checkpointInterval`` keeps MLlib's meaning for the PS: every that many trees the
+#: fit checkpoints the PS (with its trees so far) when ``spark.ps.checkpointDir`` is set.
+NOT_APPLICABLE_PARAMS: tuple[str, ...] = ("maxMemoryInMB", "cacheNodeIds")
 
 
 class HasNumWorkers(Params):
@@ -140,16 +141,17 @@ class GBTClassifierParams(
     """Params of :class:`GBTClassifier` and :class:`GBTClassificationModel`.
 
     Exactly MLlib's GBTClassifier Params (same names, docs, defaults and converters) plus
-    ``numWorkers``. ``maxMemoryInMB``, ``cacheNodeIds`` and ``checkpointInterval`` are accepted and
-    ignored: the PS keeps the histograms and every worker keeps its rows' node ids, so there is
-    nothing to size, cache or checkpoint.
+    ``numWorkers``. ``maxMemoryInMB`` and ``cacheNodeIds`` are accepted and ignored: the PS
+    keeps the histograms and every worker keeps its rows' node ids, so there is nothing to size
+    or cache. ``checkpointInterval``: the PS is checkpointed every that many trees (with the
+    trees so far) when ``spark.ps.checkpointDir`` is set.
     """
 
 
 class GBTRegressorParams(_PredictorParams, _MLlibGBTRegressorParams, HasNumWorkers, _GBTValidation):
     """Params of :class:`GBTRegressor` and :class:`GBTRegressionModel`.
 
-    Exactly MLlib's GBTRegressor Params plus ``numWorkers``; ``maxMemoryInMB``, ``cacheNodeIds``
-    and ``checkpointInterval`` are accepted and ignored (not applicable to the PS, see
+    Exactly MLlib's GBTRegressor Params plus ``numWorkers``; ``maxMemoryInMB`` and
+    ``cacheNodeIds`` are accepted and ignored, ``checkpointInterval`` checkpoints the PS (see
     :class:`GBTClassifierParams`).
     """

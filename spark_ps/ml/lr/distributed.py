@@ -26,6 +26,7 @@ from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
 from spark_ps.ml._progress import Progress
+from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr.estimator import TrainResult, register_trainer
 from spark_ps.ml.lr.objective import (
@@ -270,17 +271,25 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         name=f"LogisticRegression(maxIter={params['maxIter']})",
     )
     with job:
+        interval = params.get("checkpointInterval", -1)
+        recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
         ks = _key_space(job, ps, prepared)
         space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic)
         try:
-            return _solve(job, space, ks, fit_intercept, params, t_start)
+            return _solve(job, space, ks, fit_intercept, params, t_start, recovery)
         finally:
             space.release_all()
             ks.keyset.drop()
 
 
 def _solve(
-    job: PSJob, space: PSVecSpace, ks: _KeySpace, fit_intercept: bool, params: dict, t_start: float
+    job: PSJob,
+    space: PSVecSpace,
+    ks: _KeySpace,
+    fit_intercept: bool,
+    params: dict,
+    t_start: float,
+    recovery: FitRecovery,
 ) -> TrainResult:
     k = ks.size
     fit = _Fit(job, space, fit_intercept, ks.keyset.name)
@@ -320,24 +329,43 @@ def _solve(
         stamps.append(time.perf_counter() - t_start)
         bar.update(info.iteration, loss=info.value)
 
-    res = minimize_lbfgs(
-        space,
-        timed_evaluate,
-        x,
-        max_iter=params["maxIter"],
-        tol=params["tol"],
-        m=10,
-        l1=vecs.l1_weight,
-        callback=progress,
-    )
-    bar.close()
-    b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
-    coef_h, intercept = original_space(space, res.x, vecs, b)
-    keys, ids = ks.keyset.pull()  # every touched key and its compact id
-    coef = coef_h.pull(ids.astype(np.int64)) if keys.size else np.zeros(0)
-    result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
-    result.iteration_timestamps = stamps
-    return result
+    def solve(resume: dict | None) -> TrainResult:
+        res = minimize_lbfgs(
+            space,
+            timed_evaluate,
+            x,
+            max_iter=params["maxIter"],
+            tol=params["tol"],
+            m=10,
+            l1=vecs.l1_weight,
+            callback=progress,
+            **_resume_hooks(recovery, space, stamps, resume),
+        )
+        bar.close()
+        b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
+        coef_h, intercept = original_space(space, res.x, vecs, b)
+        keys, ids = ks.keyset.pull()  # every touched key and its compact id
+        coef = coef_h.pull(ids.astype(np.int64)) if keys.size else np.zeros(0)
+        result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+        result.iteration_timestamps = stamps
+        return result
+
+    return recovery.run(solve)
+
+
+def _resume_hooks(recovery: FitRecovery, space: PSVecSpace, stamps: list, resume) -> dict:
+    """minimize_lbfgs's checkpoint hook, and its resume point after a shard restart
+    (iteration timestamps past that point are dropped: those iterations are redone)."""
+    if resume is not None:
+        del stamps[len(resume["history"]) :]
+
+    def checkpoint(boundary: int, snapshot) -> None:
+        recovery.boundary(boundary, lambda: snapshot(lambda v: v.name))
+
+    return {
+        "checkpoint": checkpoint,
+        "resume": None if resume is None else (resume, space.handle),
+    }
 
 
 def _result(ks: _KeySpace, keys, coef, intercept, history, iters) -> TrainResult:

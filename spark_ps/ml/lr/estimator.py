@@ -143,6 +143,7 @@ class LogisticRegression(
         staleness: int = 0,
         numWorkers: int = 0,
         featureValuesCol: str | None = None,
+        checkpointInterval: int = 10,
     ):
         """If the threshold and thresholds Params are both set, they must be equivalent."""
         super().__init__()
@@ -180,6 +181,7 @@ class LogisticRegression(
         staleness: int = 0,
         numWorkers: int = 0,
         featureValuesCol: str | None = None,
+        checkpointInterval: int = 10,
     ) -> LogisticRegression:
         """Sets Params by keyword; threshold and thresholds, if both given, must agree."""
         self._set(**self._input_kwargs)
@@ -269,6 +271,10 @@ class LogisticRegression(
     def setNumWorkers(self, value: int) -> LogisticRegression:
         """Sets the value of :py:attr:`numWorkers`."""
         return self._set(numWorkers=value)
+
+    def setCheckpointInterval(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`checkpointInterval`."""
+        return self._set(checkpointInterval=value)
 
     def setFeatureValuesCol(self, value: str) -> LogisticRegression:
         """Sets the value of :py:attr:`featureValuesCol`."""

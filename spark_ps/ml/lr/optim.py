@@ -37,6 +37,9 @@ _FVAL_MEMORY = 20
 _GRAD_FLOOR = 1e-8
 
 
+_LOOP = ("f_init", "fvals", "history", "failed_once", "search_failed")
+
+
 class _StepFailure(Exception):
     """A failed step (breeze's FirstOrderException): reset the history once, then stop."""
 
@@ -117,6 +120,39 @@ class _Solver(Generic[V]):
 
     def _adjusted_grad(self) -> Any:
         return self.g if self.l1 is None else self.pg
+
+    # ------------------------------------------------------------ checkpoints
+
+    def snapshot(self, name_of: Callable[[Any], str], loop: dict) -> dict:
+        """The solver at an iteration boundary: scalars and the names of its live vectors
+        (x, g, pseudo-gradient, history); `loop` adds the driver loop's own variables."""
+        names = {"x": name_of(self.x), "g": name_of(self.g)}
+        if self.pg is not None:
+            names["pg"] = name_of(self.pg)
+        return {
+            **names,
+            "s": [name_of(h) for h in self.s],
+            "y": [name_of(h) for h in self.y],
+            "rho": list(self.rho),
+            **{k: getattr(self, k) for k in ("yy0", "f", "adj_f", "gnorm", "iter", "n_evals")},
+            **loop,
+        }
+
+    def restore(self, state: dict, handle_of: Callable[[str], Any]) -> dict:
+        """Take up a :meth:`snapshot` (its vectors already hold their values again);
+        returns the loop variables."""
+        self.space.release(self.g)
+        if self.pg is not None:
+            self.space.release(self.pg)
+            self.pg = handle_of(state["pg"])
+        self.x, self.g = handle_of(state["x"]), handle_of(state["g"])
+        self.s = [handle_of(n) for n in state["s"]]
+        self.y = [handle_of(n) for n in state["y"]]
+        self.rho = [float(r) for r in state["rho"]]
+        for k in ("yy0", "f", "adj_f", "gnorm"):
+            setattr(self, k, float(state[k]))
+        self.iter, self.n_evals = int(state["iter"]), int(state["n_evals"])
+        return {k: state[k] for k in _LOOP}
 
     # ------------------------------------------------------------ direction
 
@@ -356,6 +392,8 @@ def minimize_lbfgs(
     m: int = 10,
     l1: Any = None,
     callback: Callable[[IterationInfo], None] | None = None,
+    checkpoint: Callable[[int, Callable[[Callable], dict]], None] | None = None,
+    resume: tuple[dict, Callable[[str], Any]] | None = None,
 ) -> MinimizeResult:
     """Minimize ``f(x) [+ sum(l1 * |x|)]`` by L-BFGS, or OWL-QN when ``l1`` is given.
 
@@ -380,6 +418,12 @@ def minimize_lbfgs(
         the intercept). Switches to OWL-QN.
     callback : callable, optional
         Called with an :class:`IterationInfo` after every iteration.
+    checkpoint : callable, optional
+        ``checkpoint(boundary, snapshot)`` at the start and after every iteration;
+        ``snapshot(name_of)`` returns the solver state (see ``resume``).
+    resume : (state, handle_of), optional
+        Go on from a ``snapshot`` instead of ``x0``; ``handle_of(name)`` gives the
+        vector of that name, already restored to its value at that boundary.
     """
     if int(m) != m or m < 1:
         raise ValueError(f"minimize_lbfgs: m must be a positive integer, got {m!r}")
@@ -388,9 +432,21 @@ def minimize_lbfgs(
     if not tol >= 0:
         raise ValueError(f"minimize_lbfgs: tol must be >= 0, got {tol!r}")
     st = _Solver(space, evaluate, x0, int(m), l1)
-    st.start()
-    f_init, fvals, history = st.adj_f, [math.inf], [st.adj_f]
-    failed_once = search_failed = False
+    if resume is None:
+        st.start()
+        f_init, fvals, history = st.adj_f, [math.inf], [st.adj_f]
+        failed_once = search_failed = False
+    else:
+        loop = st.restore(*resume)
+        f_init, fvals, history = loop["f_init"], list(loop["fvals"]), list(loop["history"])
+        failed_once, search_failed = loop["failed_once"], loop["search_failed"]
+
+    def snapshot(name_of: Callable[[Any], str]) -> dict:
+        loop = (f_init, fvals, history, failed_once, search_failed)
+        return st.snapshot(name_of, dict(zip(_LOOP, loop, strict=True)))
+
+    if checkpoint is not None:
+        checkpoint(len(history) - 1, snapshot)
     reason = _converged(st, fvals, f_init, max_iter, tol, search_failed)
     while reason is None:
         step = 0.0
@@ -408,6 +464,8 @@ def minimize_lbfgs(
         history.append(st.adj_f)
         if callback is not None:
             callback(IterationInfo(st.iter, st.adj_f, st.gnorm, step, st.n_evals))
+        if checkpoint is not None:
+            checkpoint(len(history) - 1, snapshot)
         reason = _converged(st, fvals, f_init, max_iter, tol, search_failed)
     for h in [st.g, st.xt, st.gt, st.d] + ([st.pg] if st.pg is not None else []):
         space.release(h)

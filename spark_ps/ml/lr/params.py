@@ -12,7 +12,7 @@ from typing import Any
 
 from pyspark.ml.classification import _LogisticRegressionParams as _MLlibLogisticRegressionParams
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasStepSize
+from pyspark.ml.param.shared import HasCheckpointInterval, HasStepSize
 
 __all__ = ["SOLVERS", "MINI_BATCH_SOLVERS", "_LogisticRegressionParams"]
 
@@ -29,11 +29,14 @@ _BOUND_PARAMS = (
 )
 
 
-class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize):
+class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, HasCheckpointInterval):
     """Params for spark-ps ``LogisticRegression`` and ``LogisticRegressionModel``.
 
     MLlib's Params (and their threshold/thresholds consistency rules) come from pyspark; the
     additions below are ours and never change the meaning of an MLlib Param.
+    ``checkpointInterval`` is the shared pyspark Param (as on MLlib's tree ensembles): the
+    lbfgs solver checkpoints the PS every that many iterations when
+    ``spark.ps.checkpointDir`` is set (-1: never), so a fit survives a shard restart.
     """
 
     solver: Param[str] = Param(
@@ -81,7 +84,13 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(
-            solver="lbfgs", batchSize=4096, stepSize=0.1, numShards=0, staleness=0, numWorkers=0
+            solver="lbfgs",
+            batchSize=4096,
+            stepSize=0.1,
+            numShards=0,
+            staleness=0,
+            numWorkers=0,
+            checkpointInterval=10,
         )
 
     def getSolver(self) -> str:
@@ -152,6 +161,9 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize):
             if self.isDefined(self.getParam(name)):
                 if not 0.0 <= self.getOrDefault(self.getParam(name)) <= 1.0:
                     raise self._invalid(name, "in [0, 1]")
+        interval = self.getCheckpointInterval()
+        if not (interval == -1 or interval >= 1):
+            raise self._invalid("checkpointInterval", "-1 or >= 1")
         if not self.getStepSize() > 0.0 or math.isinf(self.getStepSize()):
             raise self._invalid("stepSize", "a finite value > 0")
         if self.getFamily().lower() not in _FAMILIES:

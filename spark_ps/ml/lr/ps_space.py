@@ -29,6 +29,16 @@ class PSVecSpace:
         self.live[v.name] = v
         return v
 
+    def handle(self, name: str) -> PSVector:
+        """The vector called `name`, live or brought back by a restore (after a rollback)."""
+        v = self.live.get(name)
+        if v is None:
+            ctx = self.context
+            spec = ctx.client.lookup(name)
+            v = PSVector(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
+            self.live[name] = v
+        return v
+
     def copy(self, dst: PSVector, src: PSVector) -> None:
         dst.copy_from(src)
 

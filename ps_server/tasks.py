@@ -1,0 +1,107 @@
+"""The coordinator's task queue: data shards that workers lease (TODO -> DOING -> DONE).
+
+As ElasticDL does it: the queue, not the worker, owns the work. A worker leases one
+task at a time; a lease lapses when the worker stops heartbeating for the queue's
+lease time or is removed (a lost executor), and the task goes back to TODO for the
+next worker. A task becomes DONE once, by whichever lease finishes it first.
+
+Not thread-safe on its own: the coordinator calls it under its condition variable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["TaskQueue", "DEFAULT_LEASE_SECONDS"]
+
+log = logging.getLogger("ps_server.tasks")
+
+DEFAULT_LEASE_SECONDS = 60.0
+
+
+@dataclass
+class TaskQueue:
+    """Tasks of one queue, by id (ids are positions in `tasks`)."""
+
+    name: str
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    tasks: list[str] = field(default_factory=list)
+    todo: list[int] = field(default_factory=list)  # FIFO of ids
+    doing: dict[int, tuple[str, float]] = field(default_factory=dict)  # id -> (worker, since)
+    done: set[int] = field(default_factory=set)
+    leases: dict[int, int] = field(default_factory=dict)  # id -> how often it was leased
+
+    def add(self, tasks: list[str], lease_seconds: float) -> int:
+        if lease_seconds < 0:
+            raise ValueError(
+                f"queue {self.name!r}: lease_seconds must be >= 0, got {lease_seconds}"
+            )
+        if lease_seconds:
+            self.lease_seconds = lease_seconds
+        start = len(self.tasks)
+        self.tasks.extend(tasks)
+        self.todo.extend(range(start, len(self.tasks)))
+        return len(tasks)
+
+    @property
+    def drained(self) -> bool:
+        return len(self.done) == len(self.tasks)
+
+    def lease(self, worker: str, now: float) -> tuple[int, str, int] | None:
+        """(id, task, earlier leases) of the next TODO task, now DOING for `worker`."""
+        if not self.todo:
+            return None
+        tid = self.todo.pop(0)
+        self.doing[tid] = (worker, now)
+        attempt = self.leases.get(tid, 0)
+        self.leases[tid] = attempt + 1
+        return tid, self.tasks[tid], attempt
+
+    def finish(self, tid: int, worker: str) -> bool:
+        """Mark `tid` DONE; False if it already was (a requeued task finished twice)."""
+        if not 0 <= tid < len(self.tasks):
+            raise ValueError(f"queue {self.name!r}: no task {tid} (it has {len(self.tasks)})")
+        if tid in self.done:
+            return False
+        holder = self.doing.pop(tid, None)
+        if tid in self.todo:  # finished by a worker whose lease had lapsed: still counts
+            self.todo.remove(tid)
+        if holder is not None and holder[0] != worker:
+            log.info(
+                "queue %s: task %d finished by %s while leased to %s",
+                self.name,
+                tid,
+                worker,
+                holder[0],
+            )
+        self.done.add(tid)
+        return True
+
+    def requeue(self, match: Callable[[str], bool], why: str) -> int:
+        """Give back every DOING task whose worker matches; returns how many."""
+        back = sorted(t for t, (w, _) in self.doing.items() if match(w))
+        for tid in back:
+            worker, _ = self.doing.pop(tid)
+            self.todo.insert(0, tid)
+            log.warning(
+                "queue %s: task %d (%r) of worker %s back to TODO: %s",
+                self.name,
+                tid,
+                self.tasks[tid],
+                worker,
+                why,
+            )
+        return len(back)
+
+    def expire(self, now: float, last_seen: Callable[[str], float]) -> int:
+        """Requeue leases whose worker was silent (no lease, no heartbeat) for the lease time."""
+        stale = {
+            w
+            for t, (w, since) in self.doing.items()
+            if now - max(since, last_seen(w)) > self.lease_seconds
+        }
+        if not stale:
+            return 0
+        return self.requeue(lambda w: w in stale, f"lease of {self.lease_seconds}s expired")
