@@ -430,6 +430,11 @@ class PSClient:
             [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
         )
 
+    def models(self) -> list[str]:
+        """Names of the models any shard holds, sorted."""
+        lists = self._fanout("ListModels", [(s, pb.Empty()) for s in range(self.num_shards)])
+        return sorted({m.spec.name for r in lists for m in r.models})
+
     def health(self) -> list[pb.HealthResponse]:
         return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
 
