@@ -48,6 +48,14 @@ def main(argv: list[str] | None = None) -> None:
         help="memory budget of each shard over all its models (default 0 = none): a push "
         "that would grow past it is refused with RESOURCE_EXHAUSTED",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="processes per shard: 2 adds a backup that applies every update before it is "
+        "acknowledged and takes over when the primary dies (default 1: no replication)",
+    )
     p.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS (with --tls-key)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", default="", help="PEM CA the shards trust (default: the cert)")
@@ -72,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         args.shards,
         token,
         args.checkpoint_dir,
+        args.replicas,
         max_request_mb=args.max_request_mb,
         shard_memory_mb=args.shard_memory_mb,
     )

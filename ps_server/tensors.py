@@ -7,7 +7,7 @@ refused request leaves the state exactly as it was.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -30,13 +30,13 @@ class ShardMemory:
     """A shard's memory budget over all its models (0 = none), and the lock that makes
     "check the budget, then grow" atomic across models."""
 
-    def __init__(self, index: int, budget: int = 0, models: dict | None = None):
+    def __init__(self, index: int, budget: int = 0, models: Callable[[], dict] | None = None):
         self.index, self.budget = index, int(budget)
-        self.models: dict[str, Tensor] = models if models is not None else {}
+        self._models = models or dict  # the shard's current models (a seed may replace them)
         self.lock = threading.Lock()
 
     def used(self) -> int:
-        return sum(t.nbytes for t in list(self.models.values()))
+        return sum(t.nbytes for t in list(self._models().values()))
 
 
 def _check_spec(spec: pb.ModelSpec) -> None:

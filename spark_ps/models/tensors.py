@@ -71,6 +71,7 @@ class PSTensor:
         create_on_pull: bool = False,
         budget_bytes: int = 0,
         nan_policy: str = "refuse",
+        exist_ok: bool = False,
     ) -> PSTensor:
         ctx = _context(context)
         spec = TensorSpec(
@@ -89,7 +90,7 @@ class PSTensor:
             budget_bytes=int(budget_bytes),
             nan_policy=nan_policy,
         )
-        ctx.client.create(spec)
+        ctx.client.create(spec, exist_ok=exist_ok)
         return cls(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
 
     @property
@@ -183,8 +184,10 @@ class PSVector(PSTensor):
         budget_bytes: int = 0,
         nan_policy: str = "refuse",
         context=None,
+        exist_ok: bool = False,
         **opt_params: float,
     ) -> PSVector:
+        """A lazily grown int64-keyed vector; ``exist_ok`` attaches to an identical one."""
         return cls._create(
             "sparse",
             dim,
@@ -196,6 +199,7 @@ class PSVector(PSTensor):
             opt_params=opt_params,
             budget_bytes=budget_bytes,
             nan_policy=nan_policy,
+            exist_ok=exist_ok,
         )
 
     def like(self, name: str | None = None) -> PSVector:
@@ -271,8 +275,10 @@ class PSMatrix(PSTensor):
         budget_bytes: int = 0,
         nan_policy: str = "refuse",
         context=None,
+        exist_ok: bool = False,
         **opt_params: float,
     ) -> PSMatrix:
+        """Lazily grown int64-keyed rows; ``exist_ok`` attaches to an identical matrix."""
         return cls._create(
             "sparse",
             rows,
@@ -284,6 +290,7 @@ class PSMatrix(PSTensor):
             opt_params=opt_params,
             budget_bytes=budget_bytes,
             nan_policy=nan_policy,
+            exist_ok=exist_ok,
         )
 
 
