@@ -93,6 +93,7 @@ def _fit(ps, df, staleness):
     return model, ps.client.clock_log("job-")[before:]
 
 
+@pytest.mark.slow  # three fits: ~15 s each on a loaded 2-core machine
 def test_bsp_ssp_and_asp_fits_keep_their_bounds_and_learn_alike(spark_ps, data):
     _, ps = spark_ps
     bsp, bsp_log = _fit(ps, data, 0)
