@@ -6,6 +6,8 @@ import argparse
 import logging
 import os
 
+from ps_server.wire import DEFAULT_MAX_REQUEST_MB
+
 __all__ = ["main"]
 
 
@@ -33,6 +35,20 @@ def main(argv: list[str] | None = None) -> None:
         help="directory (or pyarrow.fs URI) that restarted shards restore from",
     )
     p.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_MB,
+        help=f"refuse requests larger than this (default {DEFAULT_MAX_REQUEST_MB}); clients "
+        "chunk below it",
+    )
+    p.add_argument(
+        "--shard-memory-mb",
+        type=float,
+        default=0,
+        help="memory budget of each shard over all its models (default 0 = none): a push "
+        "that would grow past it is refused with RESOURCE_EXHAUSTED",
+    )
+    p.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -58,7 +74,16 @@ def main(argv: list[str] | None = None) -> None:
             os.environ[env] = os.path.abspath(value)  # inherited by the shard processes
     from ps_server.service import run
 
-    run(args.host, args.port, args.shards, token, args.checkpoint_dir, args.replicas)
+    run(
+        args.host,
+        args.port,
+        args.shards,
+        token,
+        args.checkpoint_dir,
+        args.replicas,
+        max_request_mb=args.max_request_mb,
+        shard_memory_mb=args.shard_memory_mb,
+    )
 
 
 if __name__ == "__main__":

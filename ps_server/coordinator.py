@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import numpy as np
@@ -38,13 +38,21 @@ COUNTERS = (
 
 
 _guard = guard(lambda self: "coordinator")
+#: Released clock calls kept for inspection (`GetClockLog`); older ones are dropped.
+CLOCK_LOG_SIZE = 100_000
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     """State of the control plane; all fields are guarded by `self.cond`."""
 
-    def __init__(self, num_shards: int, on_shutdown: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        num_shards: int,
+        on_shutdown: Callable[[], None] | None = None,
+        max_request_bytes: int = 0,
+    ):
         self.cond = threading.Condition()
+        self.max_request_bytes = max_request_bytes
         self.addresses = [""] * num_shards  # the primaries (or solo shards) clients use
         self.pids = [0] * num_shards  # process ids of the primaries
         self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
@@ -56,7 +64,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.barriers: dict[str, tuple[int, set[str]]] = {}  # name -> (generation, arrived)
         self.clocks: dict[str, dict[str, int]] = defaultdict(dict)
         self.removed: dict[str, set[str]] = defaultdict(set)
-        self.clock_log: list[tuple[str, str, int, int]] = []  # (group, worker, clock, min)
+        self.clock_log: deque[pb.ClockEntry] = deque(maxlen=CLOCK_LOG_SIZE)
         self.heartbeats: dict[tuple[str, str], float] = {}
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
@@ -77,7 +85,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def _map(self) -> pb.ShardMap:
         return pb.ShardMap(
-            addresses=self.addresses, epoch=self.epoch, backups=self.backups, restarts=self.restarts
+            addresses=self.addresses,
+            epoch=self.epoch,
+            backups=self.backups,
+            restarts=self.restarts,
+            max_request_bytes=self.max_request_bytes,
         )
 
     def _check_index(self, index: int) -> None:
@@ -203,11 +215,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def Clock(self, request, context):
         group, worker = request.group, request.worker
         with self.cond:
-            if worker in self.removed[group]:
-                raise RequestError(
-                    "FAILED_PRECONDITION", f"worker {worker!r} was removed from group {group!r}"
-                )
             clocks = self.clocks[group]
+            _check_clock(request, clocks, self.removed[group])
             clocks[worker] = max(clocks.get(worker, 0), request.clock)
             self.cond.notify_all()
 
@@ -224,8 +233,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
             self._wait(ok, request.timeout, f"clock {group!r} worker {worker!r}")
             m = live_min()
-            self.clock_log.append((group, worker, request.clock, m))
+            self.clock_log.append(
+                pb.ClockEntry(
+                    group=group,
+                    worker=worker,
+                    clock=request.clock,
+                    min_clock=m,
+                    staleness=request.staleness,
+                )
+            )
             return pb.ClockResponse(min_clock=m)
+
+    @_guard
+    def GetClockLog(self, request, context):
+        """The logged clock calls of groups starting with `request.group` (all with "")."""
+        with self.cond:
+            return pb.ClockLog(
+                entries=[e for e in self.clock_log if e.group.startswith(request.group)]
+            )
 
     @_guard
     def Heartbeat(self, request, context):
@@ -387,3 +412,30 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if self._on_shutdown is not None:
             threading.Thread(target=self._on_shutdown, daemon=True).start()
         return pb.Ack()
+
+
+def _check_clock(request: pb.ClockRequest, clocks: dict[str, int], removed: set[str]) -> None:
+    """Refuse a clock call that could never be served: bad ids or counts, a removed worker,
+    or a worker the group has no room for (it already has `num_workers` others)."""
+    group, worker = request.group, request.worker
+    if not group or not worker:
+        raise RequestError(
+            "INVALID_ARGUMENT", f"clock: empty group {group!r} or worker {worker!r} id"
+        )
+    if request.num_workers < 1 or request.staleness < 0:
+        raise RequestError(
+            "INVALID_ARGUMENT",
+            f"clock {group!r} worker {worker!r}: num_workers {request.num_workers} must be "
+            f">= 1 and staleness {request.staleness} >= 0",
+        )
+    if worker in removed:
+        raise RequestError(
+            "FAILED_PRECONDITION", f"worker {worker!r} was removed from group {group!r}"
+        )
+    live = sorted(w for w in clocks if w not in removed)
+    if worker not in clocks and len(live) >= request.num_workers:
+        raise RequestError(
+            "FAILED_PRECONDITION",
+            f"clock {group!r}: unknown worker {worker!r}; the group already has its "
+            f"{request.num_workers} live workers ({', '.join(live)})",
+        )

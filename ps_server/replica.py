@@ -281,7 +281,8 @@ class Replica:
         blob = b"".join(c.data for c in chunks)
         models, answers = restore_snapshot(blob)
         with self.lock:
-            self.servicer.models = models
+            self.servicer.models = {}
+            self.servicer.adopt(models)  # they count against the shard's memory budget
             self.answers = answers
             self._answer_bytes = sum(a.ByteSize() for _, a in answers.values())
             self.applied, self.seeded = 0, True

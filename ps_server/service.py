@@ -29,7 +29,12 @@ from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.wire import TOKEN_KEY
+from ps_server.wire import (
+    DEFAULT_MAX_REQUEST_MB,
+    TOKEN_KEY,
+    RequestLimitInterceptor,
+    server_options,
+)
 
 __all__ = ["Service", "READY_PREFIX"]
 
@@ -49,6 +54,8 @@ class Service:
         checkpoint_dir: str = "",
         restart: bool = True,
         replicas: int = 1,
+        max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
+        shard_memory_mb: float = 0,
     ):
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -61,10 +68,21 @@ class Service:
             )
         self.host, self.token, self.num_shards = host, token, num_shards
         self.checkpoint_dir, self.restart, self.replicas = checkpoint_dir, restart, replicas
+        if not max_request_mb > 0 or shard_memory_mb < 0:
+            raise ValueError(
+                f"max_request_mb must be > 0 (got {max_request_mb}) and shard_memory_mb "
+                f">= 0 (got {shard_memory_mb})"
+            )
+        self.max_request_mb, self.shard_memory_mb = max_request_mb, shard_memory_mb
+        limit = int(max_request_mb * (1 << 20))
         self.stop_event = threading.Event()
-        self.coordinator = CoordinatorServicer(num_shards, on_shutdown=self.stop_event.set)
+        self.coordinator = CoordinatorServicer(
+            num_shards, on_shutdown=self.stop_event.set, max_request_bytes=limit
+        )
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=128), interceptors=[TokenInterceptor(token)]
+            futures.ThreadPoolExecutor(max_workers=128),
+            interceptors=[TokenInterceptor(token), RequestLimitInterceptor(limit, "coordinator")],
+            options=server_options(limit),
         )
         pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, self.server)
         self.port = tls.bind(self.server, f"{host}:{port}")
@@ -94,6 +112,10 @@ class Service:
             self.host,
             "--role",
             role,
+            "--max-request-mb",
+            str(self.max_request_mb),
+            "--memory-mb",
+            str(self.shard_memory_mb),
         ]
         if self.checkpoint_dir and role != "backup":
             cmd += ["--restore", self.checkpoint_dir]
@@ -264,12 +286,23 @@ def run(
     token: str,
     checkpoint_dir: str = "",
     replicas: int = 1,
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
+    shard_memory_mb: float = 0,
 ) -> None:
     """Start, announce readiness on stdout, supervise until told to stop."""
     import signal
 
     lifecycle.die_with_parent()
-    service = Service(host, port, num_shards, token, checkpoint_dir, replicas=replicas)
+    service = Service(
+        host,
+        port,
+        num_shards,
+        token,
+        checkpoint_dir,
+        replicas=replicas,
+        max_request_mb=max_request_mb,
+        shard_memory_mb=shard_memory_mb,
+    )
 
     def on_signal(signum, frame):
         service.stop_event.set()

@@ -23,15 +23,20 @@ from ps_server.auth import TokenInterceptor
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.replica import MUTATIONS, Replica, digest, request_id
-from ps_server.tensors import Tensor
-from ps_server.wire import RequestError, from_array, guard, to_array
+from ps_server.tensors import ShardMemory, Tensor
+from ps_server.wire import (
+    DEFAULT_MAX_REQUEST_MB,
+    RequestError,
+    RequestLimitInterceptor,
+    from_array,
+    guard,
+    server_options,
+    to_array,
+)
 
 __all__ = ["ShardServicer", "serve_shard", "main"]
 
 log = logging.getLogger("ps_server.shard")
-
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-
 
 _guard = guard(lambda self: f"shard {self.index}")
 _HANDLERS: dict[str, Callable] = {}  # undecorated handlers of MUTATIONS, for backups
@@ -98,11 +103,18 @@ def _call_writes(self, request) -> bool:
 class ShardServicer(pb_grpc.ShardServicer):
     """Serves pull/push/reduce/vector ops for the model slices this shard owns."""
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int = 0, memory_budget: int = 0):
         self.index = index
         self.models: dict[str, Tensor] = {}
+        self.memory = ShardMemory(index, memory_budget, lambda: self.models)
         self._lock = threading.Lock()
         self.replica: Replica | None = None  # set when the service runs with --replicas 2
+
+    def adopt(self, models: dict[str, Tensor]) -> None:
+        """Take restored models in (they count against this shard's memory budget)."""
+        for t in models.values():
+            t.memory = self.memory
+        self.models.update(models)
 
     def tensor(self, name: str) -> Tensor:
         t = self.models.get(name)
@@ -130,7 +142,7 @@ class ShardServicer(pb_grpc.ShardServicer):
                     f"asked for kind={spec.kind} dim={spec.dim} cols={spec.cols} "
                     f"dtype={spec.dtype}",
                 )
-            t = Tensor.create(spec)
+            t = Tensor.create(spec, self.memory)
             self.models[spec.name] = t
             return t.info()
 
@@ -161,12 +173,15 @@ class ShardServicer(pb_grpc.ShardServicer):
     def Push(self, request, context):
         t = self.tensor(request.model)
         what = f"Push to {t.where} on shard {self.index}"
-        keys = t.check_keys(from_array(request.keys, f"keys of {what}"), what)
-        values = t.check_values(from_array(request.values, f"values of {what}"), keys.size, what)
+        keys, values = t.check_push(
+            from_array(request.keys, f"keys of {what}"),
+            from_array(request.values, f"values of {what}"),
+            what,
+        )
         if request.aggregate:
-            with t.lock:
-                t.contributions.put(request.round, request.part, request.chunk, keys, values)
-            return pb.Ack(value=int(keys.size))
+            return pb.Ack(
+                value=t.contribute(request.round, request.part, request.chunk, keys, values)
+            )
         return pb.Ack(value=t.push(keys, values, request.op))
 
     @_guard
@@ -214,7 +229,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         if request.prefix:
             models = {n: t for n, t in models.items() if n.startswith(request.prefix)}
         with self._lock:  # models created since the snapshot are kept
-            self.models.update(models)
+            self.adopt(models)
         return pb.CheckpointResponse(num_models=len(models))
 
     @_guard
@@ -324,18 +339,28 @@ def _server_module(module: str):
 
 
 def serve_shard(
-    index: int, host: str, port: int, token: str, workers: int = 16
+    index: int,
+    host: str,
+    port: int,
+    token: str,
+    workers: int = 16,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_MB << 20,
+    memory_budget: int = 0,
 ) -> tuple[grpc.Server, int, ShardServicer]:
-    """Start a shard server; returns (server, bound port, servicer). Port 0 picks a free one."""
+    """Start a shard server; returns (server, bound port, servicer). Port 0 picks a free one.
+
+    Requests over `max_request_bytes` are refused; `memory_budget` (bytes, 0 = none)
+    caps what all models on this shard may hold.
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
-        interceptors=[TokenInterceptor(token)],
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        interceptors=[
+            TokenInterceptor(token),
+            RequestLimitInterceptor(max_request_bytes, f"shard {index}"),
         ],
+        options=server_options(max_request_bytes),
     )
-    servicer = ShardServicer(index)
+    servicer = ShardServicer(index, memory_budget)
     pb_grpc.add_ShardServicer_to_server(servicer, server)
     bound = tls.bind(server, f"{host}:{port}")
     if bound == 0:
@@ -351,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--restore", default="", help="checkpoint directory to restore from")
+    p.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_MB)
+    p.add_argument("--memory-mb", type=float, default=0, help="shard memory budget (0 = none)")
     p.add_argument(
         "--role",
         choices=("solo", "primary", "backup"),
@@ -361,13 +388,21 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     lifecycle.die_with_parent()
     token = os.environ.get("SPARK_PS_TOKEN", "")
-    server, port, servicer = serve_shard(args.index, args.host, args.port, token)
+    server, port, servicer = serve_shard(
+        args.index,
+        args.host,
+        args.port,
+        token,
+        max_request_bytes=int(args.max_request_mb * (1 << 20)),
+        memory_budget=int(args.memory_mb * (1 << 20)),
+    )
     if args.role != "solo":
         servicer.replica = Replica(servicer, args.role, args.coordinator, token)
     if args.restore and args.role != "backup":
         restored = checkpoint.restore_latest(args.restore, args.index)
         if restored is not None:
-            servicer.models, version = restored
+            models, version = restored
+            servicer.adopt(models)
             log.info(
                 "shard %d restored %d models from version %d",
                 args.index,

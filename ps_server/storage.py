@@ -257,6 +257,10 @@ class Store(ABC):
     def all_keys(self) -> np.ndarray:
         """Keys of all materialised rows, in row order."""
 
+    def growth(self, keys: np.ndarray) -> int:
+        """Bytes that ``locate(keys, create=True)`` would allocate (a fixed store: none)."""
+        return 0
+
     @abstractmethod
     def _meta(self) -> dict:
         """Constructor arguments for ``state()``."""
@@ -510,6 +514,27 @@ class SparseStore(Store):
             arr = np.full((cap, old.shape[1]), self._fills[name], dtype=old.dtype)
             arr[: old.shape[0]] = old
             self._slots[name] = arr
+
+    def growth(self, keys: np.ndarray) -> int:
+        """Bytes that ``locate(keys, create=True)`` would allocate, without inserting anything.
+
+        Mirrors the doubling of the slot arrays and of the hash index exactly, so a memory
+        budget can be checked before anything changes. Cheap when the worst case (every key
+        new) still fits the current capacity: then nothing grows and no lookup is needed.
+        """
+        n, fresh = self.num_rows, int(np.asarray(keys).size)
+        if not fresh or (n + fresh <= self._capacity and 2 * (n + fresh) <= self._index.capacity):
+            return 0
+        missing = np.asarray(keys).reshape(-1)[self._index.lookup(keys) < 0]
+        fresh = _count_distinct(missing) if missing.size else 0
+        cap, slots_cap = self._index.capacity, self._capacity
+        while 2 * (n + fresh) > cap:
+            cap *= 2
+        while slots_cap < n + fresh:
+            slots_cap *= 2
+        row_bytes = sum(a.shape[1] * a.itemsize for a in self._slots.values())
+        extra = cap - self._index.capacity  # slot keys + slot rows + row keys, all int64
+        return int((slots_cap - self._capacity) * row_bytes + extra * 16 + extra // 2 * 8)
 
     def locate(self, keys: np.ndarray, create: bool = False) -> np.ndarray:
         """Row ids via the hash index; with ``create`` absent keys get new initialised rows."""

@@ -7,6 +7,8 @@ refused request leaves the state exactly as it was.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,10 +18,25 @@ from ps_server.proto import ps_pb2 as pb
 from ps_server.storage import Contributions, DenseStore, SparseStore, Store
 from ps_server.wire import RequestError
 
-__all__ = ["Tensor", "spec_from_state", "VALUE_DTYPES"]
+__all__ = ["Tensor", "ShardMemory", "spec_from_state", "VALUE_DTYPES", "NAN_POLICIES"]
 
 VALUE_DTYPES = ("float64", "float32", "int64")  # int64: exact sums (histograms, counts)
+#: What a push holding NaN/inf does: "refuse" it whole (the default) or "skip" those rows.
+NAN_POLICIES = ("refuse", "skip")
 _INITS = ("zeros", "normal", "uniform")
+
+
+class ShardMemory:
+    """A shard's memory budget over all its models (0 = none), and the lock that makes
+    "check the budget, then grow" atomic across models."""
+
+    def __init__(self, index: int, budget: int = 0, models: Callable[[], dict] | None = None):
+        self.index, self.budget = index, int(budget)
+        self._models = models or dict  # the shard's current models (a seed may replace them)
+        self.lock = threading.Lock()
+
+    def used(self) -> int:
+        return sum(t.nbytes for t in list(self._models().values()))
 
 
 def _check_spec(spec: pb.ModelSpec) -> None:
@@ -36,6 +53,12 @@ def _check_spec(spec: pb.ModelSpec) -> None:
         raise RequestError("INVALID_ARGUMENT", f"{where}: dtype {spec.dtype!r} {VALUE_DTYPES}")
     if spec.init and spec.init not in _INITS:
         raise RequestError("INVALID_ARGUMENT", f"{where}: init {spec.init!r} not in {_INITS}")
+    if spec.budget_bytes < 0:
+        raise RequestError("INVALID_ARGUMENT", f"{where}: budget_bytes {spec.budget_bytes} < 0")
+    if spec.nan_policy and spec.nan_policy not in NAN_POLICIES:
+        raise RequestError(
+            "INVALID_ARGUMENT", f"{where}: nan_policy {spec.nan_policy!r} not in {NAN_POLICIES}"
+        )
     if spec.optimizer and spec.dtype == "int64":
         raise RequestError("INVALID_ARGUMENT", f"{where}: an int64 tensor cannot have an optimizer")
     if spec.optimizer and spec.optimizer not in OPTIMIZERS:
@@ -59,16 +82,61 @@ class Tensor:
     optimizer: Optimizer | None
     contributions: Contributions = field(default_factory=Contributions)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    memory: ShardMemory | None = None
 
     @classmethod
-    def create(cls, spec: pb.ModelSpec) -> Tensor:
+    def create(cls, spec: pb.ModelSpec, memory: ShardMemory | None = None) -> Tensor:
+        """A new slice; refused (RESOURCE_EXHAUSTED) if it alone is over a budget."""
         _check_spec(spec)
         dtype = np.dtype(spec.dtype)
         if spec.kind == "dense":
             store: Store = DenseStore(spec.length, spec.cols, spec.offset, dtype)
         else:
             store = SparseStore(spec.cols, dtype, spec.init or "zeros", spec.init_scale, spec.seed)
-        return cls(spec, store, _make_optimizer(spec, store))
+        t = cls(spec, store, _make_optimizer(spec, store), memory=memory)
+        t._check_budget(t.nbytes, 0, "creating")
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the store (weights, optimizer state, index) and pending contributions."""
+        return self.store.nbytes + self.contributions.nbytes
+
+    def _check_budget(self, asked: int, used: int, doing: str) -> None:
+        """Refuse growing by `asked` bytes past the model's or the shard's budget."""
+        if asked <= 0:
+            return
+        shard = self.memory.index if self.memory is not None else "?"
+        budget = self.spec.budget_bytes
+        if budget and used + asked > budget:
+            raise RequestError(
+                "RESOURCE_EXHAUSTED",
+                f"shard {shard}: {doing} {self.where} would grow it from {used} to "
+                f"{used + asked} bytes (+{asked}), past its budget of {budget} bytes; "
+                "nothing was changed",
+            )
+        if self.memory is not None and self.memory.budget:
+            total = self.memory.used() + asked
+            if total > self.memory.budget:
+                raise RequestError(
+                    "RESOURCE_EXHAUSTED",
+                    f"shard {shard}: {doing} {self.where} needs {asked} more bytes; the shard "
+                    f"would hold {total} bytes, past its budget of {self.memory.budget} bytes "
+                    "(spark-ps-server --shard-memory-mb, spark.ps.shardMemoryMB); nothing "
+                    "was changed",
+                )
+
+    @contextmanager
+    def _growing(self, keys: np.ndarray, doing: str) -> Iterator[None]:
+        """Check the budgets for the rows `keys` would create, then let the caller create
+        them while holding the shard's budget lock (so two models cannot both pass)."""
+        shard_wide = self.memory is not None and self.memory.budget > 0
+        if not shard_wide and not self.spec.budget_bytes:
+            yield
+            return
+        with self.memory.lock if shard_wide else nullcontext():
+            self._check_budget(self.store.growth(keys), self.nbytes, doing)
+            yield
 
     @classmethod
     def from_state(cls, spec: pb.ModelSpec, state: dict[str, np.ndarray]) -> Tensor:
@@ -123,21 +191,37 @@ class Tensor:
                 f"{what}: values of shape {values.shape} do not match {n} keys x {cols} cols "
                 f"of {self.where}",
             )
-        finite = np.isfinite(values)
-        if not finite.all():
-            i = int(np.argmax(~finite.all(axis=1)))
-            raise RequestError(
-                "INVALID_ARGUMENT",
-                f"{what}: non-finite value {values[i][~finite[i]][0]} at row {i}; "
-                f"{self.where} refuses NaN/inf updates",
-            )
         return values.astype(self.store.dtype, copy=False)
+
+    def check_push(
+        self, keys: np.ndarray, values: np.ndarray, what: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Validated (keys, values) of a push, after the model's NaN/inf policy.
+
+        "refuse" (the default) refuses a push holding any NaN/inf whole; "skip" drops
+        the rows holding one and keeps the rest.
+        """
+        keys = self.check_keys(keys, what)
+        values = self.check_values(values, keys.size, what)
+        if values.dtype.kind != "f":
+            return keys, values
+        finite = np.isfinite(values).all(axis=1)
+        if finite.all():
+            return keys, values
+        if self.spec.nan_policy == "skip":
+            return keys[finite], values[finite]
+        i = int(np.argmax(~finite))
+        raise RequestError(
+            "INVALID_ARGUMENT",
+            f"{what}: non-finite value {values[i][~np.isfinite(values[i])][0]} at row {i}; "
+            f"{self.where} refuses NaN/inf updates (nan_policy='refuse'; 'skip' drops such rows)",
+        )
 
     # ------------------------------------------------------------ operations
     def pull(self, keys: np.ndarray, slot: str) -> np.ndarray:
         self._check_slot(slot)
         create = self.spec.create_on_pull
-        with self.lock:
+        with self.lock, self._growing(keys if create else keys[:0], "pull from"):
             return np.array(self.store.gather(keys, slot or "w", create=create))
 
     def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +248,7 @@ class Tensor:
             )
 
     def push(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
-        with self.lock:
+        with self.lock, self._growing(keys, "push to"):
             if op == pb.ADD:
                 self.store.add(keys, values)
             elif op == pb.SET:
@@ -181,6 +265,16 @@ class Tensor:
                 self.optimizer.step(self.store, rows, values)
             else:
                 raise RequestError("INVALID_ARGUMENT", f"unknown push op {op}")
+        return int(keys.size)
+
+    def contribute(
+        self, round_: int, part: int, chunk: int, keys: np.ndarray, values: np.ndarray
+    ) -> int:
+        """Store an exactly-once contribution (it counts against the budgets until reduced)."""
+        with self.lock:
+            if self.spec.budget_bytes or (self.memory is not None and self.memory.budget):
+                self._check_budget(keys.nbytes + values.nbytes, self.nbytes, "contributing to")
+            self.contributions.put(round_, part, chunk, keys, values)
         return int(keys.size)
 
     def reduce(self, round_: int, op: int, zero_first: bool, how: str = "sum") -> int:
@@ -202,6 +296,8 @@ class Tensor:
             keys, values = _combine_max(entries, self.spec.cols)
         else:
             keys, values = self.contributions.reduce(round_)
+        if keys.size:  # refused before the fill below, so a refusal changes nothing
+            self._check_budget(self.store.growth(keys), self.nbytes, "reduce into")
         if zero_first:
             with self.lock:
                 self.store.fill(0.0)

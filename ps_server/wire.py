@@ -14,10 +14,30 @@ import numpy as np
 
 from ps_server.proto import ps_pb2 as pb
 
-__all__ = ["RequestError", "guard", "to_array", "from_array", "ALLOWED_DTYPES", "TOKEN_KEY"]
+__all__ = [
+    "RequestError",
+    "guard",
+    "to_array",
+    "from_array",
+    "check_request_size",
+    "server_options",
+    "RequestLimitInterceptor",
+    "ALLOWED_DTYPES",
+    "TOKEN_KEY",
+    "DEFAULT_MAX_REQUEST_MB",
+    "LIMIT_HINT",
+]
 
 #: The metadata key that carries the auth token on every call.
 TOKEN_KEY = "x-spark-ps-token"
+
+#: Largest request a server accepts unless configured otherwise.
+DEFAULT_MAX_REQUEST_MB = 256
+#: How to raise the request limit (named in every refusal).
+LIMIT_HINT = (
+    "raise it with spark-ps-server --max-request-mb (spark.ps.maxRequestMB for the embedded PS) "
+    "or send smaller requests (spark.ps.maxMessageMB)"
+)
 
 #: dtypes that may travel on the wire; anything else is refused.
 ALLOWED_DTYPES = ("int64", "int32", "float64", "float32", "uint8", "int8")
@@ -71,6 +91,31 @@ def from_array(msg: pb.Array, what: str, *, ndim: tuple[int, ...] | None = None)
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
 
 
+def check_request_size(nbytes: int, limit: int, what: str) -> None:
+    """Refuse a request of `nbytes` above `limit` (0 = no limit) with RESOURCE_EXHAUSTED."""
+    if limit > 0 and nbytes > limit:
+        raise RequestError(
+            "RESOURCE_EXHAUSTED",
+            f"{what}: request of {nbytes} bytes ({nbytes / 2**20:.1f} MB) exceeds the limit of "
+            f"{limit} bytes ({limit / 2**20:g} MB); {LIMIT_HINT}",
+        )
+
+
+def server_options(max_request_bytes: int) -> list[tuple[str, int]]:
+    """gRPC server options for a request limit.
+
+    gRPC's own receive limit is set to twice ours (plus 1 MB), so that a request a little
+    over the limit reaches `RequestLimitInterceptor`, which refuses it with a message naming
+    the limit and how to raise it, while a huge one is still cut off (with gRPC's own
+    "larger than max" status) before it is read into memory.
+    """
+    hard = 2 * max_request_bytes + (1 << 20) if max_request_bytes > 0 else -1
+    return [
+        ("grpc.max_receive_message_length", min(hard, 2**31 - 1)),
+        ("grpc.max_send_message_length", -1),
+    ]
+
+
 def guard(where: Callable[[object], str]) -> Callable[[Callable], Callable]:
     """Decorate a servicer method: RequestError -> its status; anything else -> INTERNAL.
 
@@ -95,3 +140,45 @@ def guard(where: Callable[[object], str]) -> Callable[[Callable], Callable]:
         return wrapper
 
     return decorate
+
+
+class _Oversized:
+    """Stands in for a request whose raw bytes were over the limit (never parsed)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
+class RequestLimitInterceptor(grpc.ServerInterceptor):
+    """Refuses a request whose serialized size is over `limit` bytes, before parsing it.
+
+    The size is the length of the raw bytes gRPC hands to the deserializer, so the check
+    is O(1) (reading a protobuf's size after parsing would copy its payloads).
+    """
+
+    def __init__(self, limit: int, where: str):
+        self.limit, self.where = int(limit), where
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if self.limit <= 0 or handler is None or handler.unary_unary is None:
+            return handler
+        parse, serve, limit = handler.request_deserializer, handler.unary_unary, self.limit
+        what = f"{self.where}: {handler_call_details.method.rsplit('/', 1)[-1]}"
+
+        def deserialize(raw: bytes):
+            return _Oversized(len(raw)) if len(raw) > limit else parse(raw)
+
+        def behavior(request, context):
+            if isinstance(request, _Oversized):
+                try:
+                    check_request_size(request.nbytes, limit, what)
+                except RequestError as e:
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            return serve(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=deserialize,
+            response_serializer=handler.response_serializer,
+        )

@@ -19,6 +19,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
 ``spark.ps.rpcTimeout``    seconds per PS call (default 120)
 ``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
+``spark.ps.maxRequestMB``  embedded shards refuse larger requests (default 256)
+``spark.ps.shardMemoryMB`` embedded shards' memory budget over all models (default 0: none)
 ``spark.ps.tls.cert``      PEM certificate: the embedded PS serves TLS (with tls.key)
 ``spark.ps.tls.key``       PEM private key of tls.cert
 ``spark.ps.tls.ca``        PEM CA clients trust (default: tls.cert, i.e. self-signed)
@@ -52,6 +54,8 @@ _DEFAULTS = {
     "startTimeout": "60",
     "rpcTimeout": "120",
     "maxMessageMB": "4",
+    "maxRequestMB": "256",
+    "shardMemoryMB": "0",
 }
 
 
@@ -214,6 +218,8 @@ class PSContext:
         ]
         if kw["checkpoint_dir"]:
             cmd += ["--checkpoint-dir", kw["checkpoint_dir"]]
+        cmd += ["--max-request-mb", str(float(_conf(spark, "maxRequestMB", conf)))]
+        cmd += ["--shard-memory-mb", str(float(_conf(spark, "shardMemoryMB", conf)))]
         for flag, key in (
             ("--tls-cert", "tls.cert"),
             ("--tls-key", "tls.key"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ import pytest
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY, to_array
-from spark_ps import PSError, PSVector
+from spark_ps import PSError, PSMatrix, PSVector
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +163,67 @@ def test_checkpoint_without_a_uri_is_refused(raw):
     err = _call(raw, "Checkpoint", pb.CheckpointRequest(uri="", version=0))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "checkpoint uri must not be empty" in err.details()
+
+
+def test_clock_and_barrier_calls_from_unknown_workers_are_refused(ps):
+    """A group of 2 live workers: a third id, an empty id, a removed worker and a bad count
+    are refused; the clock table (and its log) holds only the two real workers' calls."""
+    c, group = ps.client, "bad-clock"
+    for w in ("a", "b"):
+        threading.Thread(
+            target=lambda w=w: c.clock(group, w, 1, staleness=0, num_workers=2, timeout=10)
+        ).start()
+    _wait_for(lambda: len(c.clock_log(group)) == 2)
+    cases = [
+        (
+            dict(worker="intruder"),
+            "FAILED_PRECONDITION",
+            r"unknown worker 'intruder'; the group "
+            r"already has its 2 live workers \(a, b\)",
+        ),
+        (dict(worker=""), "INVALID_ARGUMENT", "empty group 'bad-clock' or worker '' id"),
+        (dict(worker="a", num_workers=0), "INVALID_ARGUMENT", "num_workers 0 must be >= 1"),
+        (dict(worker="a", staleness=-3), "INVALID_ARGUMENT", "staleness -3 >= 0"),
+    ]
+    for kwargs, code, message in cases:
+        args = dict(staleness=0, num_workers=2, timeout=5) | kwargs
+        with pytest.raises(PSError, match=message) as e:
+            c.clock(group, args.pop("worker"), 2, **args)
+        assert e.value.code == getattr(grpc.StatusCode, code)
+    c.remove_worker(group, "b")
+    with pytest.raises(PSError, match="worker 'b' was removed from group 'bad-clock'") as e:
+        c.clock(group, "b", 2, staleness=0, num_workers=2, timeout=5)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(PSError, match="barrier 'bad-barrier': empty worker id") as e:
+        c.barrier("bad-barrier", "", 2, timeout=5)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert sorted((e.worker, e.clock) for e in c.clock_log(group)) == [("a", 1), ("b", 1)]
+    assert c.clock(group, "a", 2, staleness=0, num_workers=2, timeout=5) == 2  # a goes on
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_nan_policy_skip_drops_only_the_non_finite_rows(ps):
+    w = PSVector.dense(6, name="nan-skip", nan_policy="skip")
+    w.increment(np.array([1, 2, 4]), np.array([1.0, np.nan, 4.0]))
+    w.increment(np.array([3, 5]), np.array([np.inf, -np.inf]))
+    np.testing.assert_array_equal(w.pull(), [0.0, 1.0, 0.0, 0.0, 4.0, 0.0])
+    m = PSMatrix.sparse(2, name="nan-skip-m", nan_policy="skip")
+    m.increment(np.array([7, 9]), np.array([[1.0, np.nan], [2.0, 3.0]]))  # a row goes whole
+    keys, values = m.pull()
+    np.testing.assert_array_equal(keys, [9])
+    np.testing.assert_array_equal(values, [[2.0, 3.0]])
+
+
+def test_bad_nan_policy_and_budget_are_refused_at_creation(ps):
+    with pytest.raises(PSError, match=r"nan_policy 'ignore' not in \('refuse', 'skip'\)") as e:
+        PSVector.dense(4, name="nan-bad", nan_policy="ignore")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(PSError, match="budget_bytes -1 < 0"):
+        PSVector.sparse(name="budget-bad", budget_bytes=-1)
+    assert not {"nan-bad", "budget-bad"} & set(ps.client.models())

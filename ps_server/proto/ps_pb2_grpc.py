@@ -748,6 +748,11 @@ class CoordinatorStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.WorkerRef.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
                 _registered_method=True)
+        self.GetClockLog = channel.unary_unary(
+                '/spark_ps.Coordinator/GetClockLog',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.WorkerRef.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ClockLog.FromString,
+                _registered_method=True)
         self.Post = channel.unary_unary(
                 '/spark_ps.Coordinator/Post',
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.PostRequest.SerializeToString,
@@ -852,6 +857,13 @@ class CoordinatorServicer:
 
     def RemoveWorker(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetClockLog(self, request, context):
+        """entries of group (prefix) `group`
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -965,6 +977,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.RemoveWorker,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.WorkerRef.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'GetClockLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClockLog,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.WorkerRef.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ClockLog.SerializeToString,
             ),
             'Post': grpc.unary_unary_rpc_method_handler(
                     servicer.Post,
@@ -1238,6 +1255,33 @@ class Coordinator:
             '/spark_ps.Coordinator/RemoveWorker',
             ps__server_dot_proto_dot_ps__pb2.WorkerRef.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClockLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/GetClockLog',
+            ps__server_dot_proto_dot_ps__pb2.WorkerRef.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.ClockLog.FromString,
             options,
             channel_credentials,
             insecure,

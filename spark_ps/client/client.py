@@ -28,17 +28,18 @@ from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.replica import REQUEST_ID_KEY
 from ps_server.tls import open_channel
-from ps_server.wire import TOKEN_KEY, from_array, to_array
+from ps_server.wire import LIMIT_HINT, TOKEN_KEY, from_array, to_array
 from spark_ps.client.spec import TensorSpec
 
 __all__ = ["PSClient", "PSError", "get_client"]
 
 log = logging.getLogger("spark_ps.client")
 
-_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 << 20),
-    ("grpc.max_send_message_length", 256 << 20),
-]
+# sizes are the servers' business: they announce their request limit and the client
+# checks against it before sending (see `_fanout`)
+_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+#: Room left in a chunk for the envelope around its arrays (model name, shape, ids).
+_ENVELOPE_BYTES = 64 << 10
 _OPS = {"add": pb.ADD, "set": pb.SET, "step": pb.STEP}
 
 
@@ -74,6 +75,7 @@ class PSClient:
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
         self.token, self.tls_ca = token, tls_ca
         self.max_message_bytes = max_message_bytes
+        self.max_request_bytes = 0  # the servers' limit, from the shard map
         self._md = ((TOKEN_KEY, token),)
         self._rid_prefix, self._rids = uuid.uuid4().hex[:16], itertools.count()
         self._channels: dict[str, grpc.Channel] = {}
@@ -95,6 +97,23 @@ class PSClient:
         self.epoch, self.restarts = smap.epoch, smap.restarts
         self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
         self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
+        limit = smap.max_request_bytes
+        if limit and limit != self.max_request_bytes:
+            self.max_request_bytes = limit
+            if self.max_message_bytes > limit - _ENVELOPE_BYTES:
+                log.warning(
+                    "spark.ps.maxMessageMB (%.1f MB) is above the PS's request limit "
+                    "(%.1f MB); chunking below the limit instead",
+                    self.max_message_bytes / 2**20,
+                    limit / 2**20,
+                )
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Payload bytes per request: maxMessageMB, kept below the servers' request limit."""
+        if not self.max_request_bytes:
+            return self.max_message_bytes
+        return max(1, min(self.max_message_bytes, self.max_request_bytes - _ENVELOPE_BYTES))
 
     @property
     def num_shards(self) -> int:
@@ -109,7 +128,7 @@ class PSClient:
                 )
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise PSError(e.details() or str(e.code()), code=e.code(), rpc=rpc) from None
+                    raise PSError(_details(e), code=e.code(), rpc=rpc) from None
                 time.sleep(0.2)
 
     def _fanout(self, rpc: str, requests: list[tuple[int, object]]) -> list:
@@ -143,9 +162,7 @@ class PSClient:
                     if e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
                         retry.append(i)
                         continue
-                    raise PSError(
-                        e.details() or str(e.code()), code=e.code(), shard=shard, rpc=rpc
-                    ) from None
+                    raise PSError(_details(e), code=e.code(), shard=shard, rpc=rpc) from None
             if retry:
                 log.warning(
                     "%s: shards %s unavailable; retrying in %.1fs",
@@ -159,9 +176,23 @@ class PSClient:
             pending = retry
         return results
 
+    def _check_size(self, nbytes: int, rpc: str, shard: int | None = None) -> None:
+        """Refuse, before sending anything, a request the servers would refuse as too big."""
+        limit = self.max_request_bytes
+        if limit and nbytes + _ENVELOPE_BYTES > limit:
+            where = f"{rpc} to shard {shard}" if shard is not None else rpc
+            raise PSError(
+                f"{where}: request of about {nbytes} bytes ({nbytes / 2**20:.1f} MB) exceeds "
+                f"the PS's limit of {limit} bytes ({limit / 2**20:g} MB); {LIMIT_HINT}",
+                code=grpc.StatusCode.RESOURCE_EXHAUSTED,
+                shard=shard,
+                rpc=rpc,
+            )
+
     def _pieces(self, spec: TensorSpec, keys: np.ndarray, row_bytes: int):
         """(shard, chunk index, positions) for every non-empty request below the size limit."""
-        step = max(1, self.max_message_bytes // max(row_bytes, 1))
+        self._check_size(row_bytes, "one row of a request")  # chunks hold >= 1 row
+        step = max(1, self.chunk_bytes // max(row_bytes, 1))
         for s, pos in enumerate(spec.route(keys)):
             if isinstance(pos, slice):
                 parts = [
@@ -212,7 +243,7 @@ class PSClient:
 
     def pull_all(self, spec: TensorSpec, slot: str = "") -> tuple[np.ndarray, np.ndarray]:
         """(keys, values) of every row: all of a dense tensor, the touched rows of a sparse one."""
-        rows = max(1, self.max_message_bytes // (8 + 8 * spec.cols))
+        rows = max(1, self.chunk_bytes // (8 + 8 * spec.cols))
         keys, values = [], []
         if spec.kind == "dense":
             b = spec.bounds()
@@ -374,6 +405,8 @@ class PSClient:
     ) -> list[tuple[dict, list[np.ndarray]]]:
         """Run server function `function` on every shard; arrays[s] go to shard s."""
         n = specs[0].num_shards if specs else self.num_shards
+        for s in range(n) if arrays else ():  # Call requests are not chunked
+            self._check_size(sum(np.asarray(a).nbytes for a in arrays[s]), "Call", s)
         resps = self._fanout(
             "Call",
             [
@@ -437,6 +470,11 @@ class PSClient:
         self.refresh()
         return self.restarts
 
+    def models(self) -> list[str]:
+        """Names of the models any shard holds, sorted."""
+        lists = self._fanout("ListModels", [(s, pb.Empty()) for s in range(self.num_shards)])
+        return sorted({m.spec.name for r in lists for m in r.models})
+
     def health(self) -> list[pb.HealthResponse]:
         return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
 
@@ -483,6 +521,10 @@ class PSClient:
             ),
             timeout + 10,
         ).min_clock
+
+    def clock_log(self, group: str = "") -> list[pb.ClockEntry]:
+        """The coordinator's log of released clock calls of groups starting with `group`."""
+        return list(self._coord("GetClockLog", pb.WorkerRef(group=group)).entries)
 
     def heartbeat(self, group: str, worker: str) -> None:
         self._coord("Heartbeat", pb.WorkerRef(group=group, worker=worker))
@@ -558,6 +600,14 @@ class PSClient:
             for ch in self._channels.values():
                 ch.close()
             self._channels.clear()
+
+
+def _details(e: grpc.RpcError) -> str:
+    """The status message, with how to raise the limit when gRPC itself cut a request off."""
+    text = e.details() or str(e.code())
+    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in text:
+        text += f" (the PS's request size limit; {LIMIT_HINT})"
+    return text
 
 
 _CLIENTS: dict[tuple[str, str, int], PSClient] = {}

@@ -38,6 +38,8 @@ class TensorSpec:
     optimizer: str = ""
     opt_params: tuple[tuple[str, float], ...] = field(default=())
     create_on_pull: bool = False
+    budget_bytes: int = 0  # per shard slice; 0 = no budget
+    nan_policy: str = "refuse"  # or "skip": rows holding NaN/inf are dropped from a push
 
     def bounds(self) -> np.ndarray:
         return range_bounds(self.dim, self.num_shards)
@@ -78,6 +80,8 @@ class TensorSpec:
             opt_params=dict(self.opt_params),
             create_on_pull=self.create_on_pull,
             num_shards=self.num_shards,
+            budget_bytes=self.budget_bytes,
+            nan_policy=self.nan_policy,
         )
 
     def global_spec(self) -> pb.ModelSpec:
@@ -100,4 +104,6 @@ class TensorSpec:
             optimizer=spec.optimizer,
             opt_params=tuple(sorted(spec.opt_params.items())),
             create_on_pull=spec.create_on_pull,
+            budget_bytes=spec.budget_bytes,
+            nan_policy=spec.nan_policy or "refuse",
         )

@@ -52,6 +52,8 @@ from pyspark.sql import types as T
 from spark_ps.data import CSRBatch, arrow_to_csr
 
 __all__ = [
+    "feature_checks",
+    "check_features",
     "PreparedData",
     "features_kind",
     "prepare_fit_data",
@@ -99,6 +101,52 @@ def features_kind(schema: T.StructType, name: str, param: str = "featuresCol") -
         f"Column {name!r} ({param}) must be of type {_SUPPORTED} but was actually "
         f"{dtype.simpleString()}."
     )
+
+
+def feature_checks(schema: T.StructType, features_col: str) -> list[Any]:
+    """Aggregations, to run in the same Spark job as the label checks, that find the rows
+    MLlib refuses: null features, vectors of different sizes, NaN/inf feature values.
+
+    Read the result with :func:`check_features`. Vectors are read through ``unwrap_udt``
+    (their size field: a sparse vector is never expanded).
+    """
+    kind = features_kind(schema, features_col)
+    col = F.col(_quote(features_col))
+    aggs = [F.sum(col.isNull().cast("long")).alias("f_nulls")]
+    if kind == "keys":
+        return aggs
+    if kind == "vector":
+        struct = F.unwrap_udt(col)
+        values = struct.getField("values")
+        size = F.when(struct.getField("type") == 0, struct.getField("size")).otherwise(
+            F.size(values)
+        )
+    else:
+        values, size = col.cast("array<double>"), F.size(col)
+    bad = F.exists(values, lambda v: F.isnan(v) | (F.abs(v) == float("inf")))
+    size = F.when(col.isNotNull(), size)
+    return aggs + [
+        F.min(size).alias("f_min"),
+        F.max(size).alias("f_max"),
+        F.first(F.when(bad, col.cast("string")), ignorenulls=True).alias("f_bad"),
+    ]
+
+
+def check_features(row: Any, features_col: str) -> None:
+    """Raise MLlib's errors for what :func:`feature_checks` found (a Row of its aliases)."""
+    found = row.asDict()
+    where = f"(featuresCol {features_col!r})"
+    if found["f_nulls"]:
+        raise ValueError(f"Vectors MUST NOT be Null: {found['f_nulls']} null rows {where}")
+    if found.get("f_min") is not None and found["f_min"] != found["f_max"]:
+        raise ValueError(
+            f"Dimensions mismatch when adding new sample. Expecting {found['f_min']} but got "
+            f"{found['f_max']} {where}"
+        )
+    if found.get("f_bad") is not None:
+        raise ValueError(
+            f"Vector values MUST NOT be NaN or Infinity, but got {found['f_bad']} {where}"
+        )
 
 
 def _check_numeric(schema: T.StructType, name: str, param: str) -> None:

@@ -26,7 +26,13 @@ def _context(context):
 
 
 class PSTensor:
-    """A named sharded tensor on the PS (base of the handle types)."""
+    """A named sharded tensor on the PS (base of the handle types).
+
+    Every factory takes ``budget_bytes`` (memory budget of the model's slice on each
+    shard, 0 = none: a push or pull that would grow a sparse slice past it is refused with
+    RESOURCE_EXHAUSTED and changes nothing) and ``nan_policy`` ("refuse": a push holding
+    NaN/inf is refused whole; "skip": those rows are dropped and the rest applied).
+    """
 
     def __init__(self, spec: TensorSpec, address: str, token: str, tls_ca: bytes | None = None):
         self.spec, self.address, self.token, self.tls_ca = spec, address, token, tls_ca
@@ -63,6 +69,8 @@ class PSTensor:
         init_scale: float = 0.0,
         seed: int = 0,
         create_on_pull: bool = False,
+        budget_bytes: int = 0,
+        nan_policy: str = "refuse",
         exist_ok: bool = False,
     ) -> PSTensor:
         ctx = _context(context)
@@ -79,6 +87,8 @@ class PSTensor:
             optimizer=optimizer or "",
             opt_params=tuple(sorted((k, float(v)) for k, v in opt_params.items())),
             create_on_pull=create_on_pull,
+            budget_bytes=int(budget_bytes),
+            nan_policy=nan_policy,
         )
         ctx.client.create(spec, exist_ok=exist_ok)
         return cls(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
@@ -145,6 +155,8 @@ class PSVector(PSTensor):
         name: str | None = None,
         dtype: str = "float64",
         optimizer: str | None = None,
+        budget_bytes: int = 0,
+        nan_policy: str = "refuse",
         context=None,
         **opt_params: float,
     ) -> PSVector:
@@ -157,6 +169,8 @@ class PSVector(PSTensor):
             optimizer=optimizer,
             context=context,
             opt_params=opt_params,
+            budget_bytes=budget_bytes,
+            nan_policy=nan_policy,
         )
 
     @classmethod
@@ -167,6 +181,8 @@ class PSVector(PSTensor):
         name: str | None = None,
         dtype: str = "float64",
         optimizer: str | None = None,
+        budget_bytes: int = 0,
+        nan_policy: str = "refuse",
         context=None,
         exist_ok: bool = False,
         **opt_params: float,
@@ -181,6 +197,8 @@ class PSVector(PSTensor):
             optimizer=optimizer,
             context=context,
             opt_params=opt_params,
+            budget_bytes=budget_bytes,
+            nan_policy=nan_policy,
             exist_ok=exist_ok,
         )
 
@@ -227,6 +245,8 @@ class PSMatrix(PSTensor):
         name: str | None = None,
         dtype: str = "float64",
         optimizer: str | None = None,
+        budget_bytes: int = 0,
+        nan_policy: str = "refuse",
         context=None,
         **opt_params: float,
     ) -> PSMatrix:
@@ -239,6 +259,8 @@ class PSMatrix(PSTensor):
             optimizer=optimizer,
             context=context,
             opt_params=opt_params,
+            budget_bytes=budget_bytes,
+            nan_policy=nan_policy,
         )
 
     @classmethod
@@ -250,6 +272,8 @@ class PSMatrix(PSTensor):
         name: str | None = None,
         dtype: str = "float64",
         optimizer: str | None = None,
+        budget_bytes: int = 0,
+        nan_policy: str = "refuse",
         context=None,
         exist_ok: bool = False,
         **opt_params: float,
@@ -264,6 +288,8 @@ class PSMatrix(PSTensor):
             optimizer=optimizer,
             context=context,
             opt_params=opt_params,
+            budget_bytes=budget_bytes,
+            nan_policy=nan_policy,
             exist_ok=exist_ok,
         )
 
@@ -286,6 +312,8 @@ class PSEmbedding(PSMatrix):
         name: str | None = None,
         dtype: str = "float32",
         optimizer: str | None = "adagrad",
+        budget_bytes: int = 0,
+        nan_policy: str = "refuse",
         context=None,
         **opt_params: float,
     ) -> PSEmbedding:
@@ -304,6 +332,8 @@ class PSEmbedding(PSMatrix):
             create_on_pull=True,
             context=context,
             opt_params=opt_params,
+            budget_bytes=budget_bytes,
+            nan_policy=nan_policy,
         )
 
 

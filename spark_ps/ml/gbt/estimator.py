@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_ps.ml.base import PreparedData, prepare_fit_data
+from spark_ps.ml.base import PreparedData, check_features, feature_checks, prepare_fit_data
 from spark_ps.ml.gbt.model import GBTClassificationModel, GBTRegressionModel
 from spark_ps.ml.gbt.params import GBTClassifierParams, GBTRegressorParams
 
@@ -195,8 +195,9 @@ class _GBTEstimator(DefaultParamsWritable):
         )
 
     def _check_rows(self, dataset: DataFrame, training: bool) -> None:
-        """One Spark job over all rows: labels and weights are what MLlib accepts, and some
-        rows train (``training``: only those whose validationIndicatorCol is false count)."""
+        """One Spark job over all rows: labels, weights and features are what MLlib accepts
+        (see `feature_checks`), and some rows train (``training``: only those whose
+        validationIndicatorCol is false count)."""
         label_col, weight_col = self.getLabelCol(), self._weight_col()
         label = F.col(_quote(label_col)).cast("double")
         bad_label = label.isNull() | F.isnan(label)
@@ -216,6 +217,7 @@ class _GBTEstimator(DefaultParamsWritable):
                     "bw"
                 )
             )
+        aggs += feature_checks(dataset.schema, self.getFeaturesCol())
         row = dataset.agg(*aggs).head()
         if row["n"] == 0:
             raise ValueError(
@@ -231,6 +233,7 @@ class _GBTEstimator(DefaultParamsWritable):
                 else f"Weights MUST NOT be Negative or Infinity, but got {w}"
             )
             raise ValueError(f"{msg} (weightCol {weight_col!r})")
+        check_features(row, self.getFeaturesCol())
 
     def _label_message(self, value: float | None) -> str:
         if value is None or math.isnan(value):

@@ -19,7 +19,14 @@ from pyspark.ml.linalg import Matrix, Vector
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_ps.ml.base import ArraysReadable, ArraysWritable, PreparedData, prepare_fit_data
+from spark_ps.ml.base import (
+    ArraysReadable,
+    ArraysWritable,
+    PreparedData,
+    check_features,
+    feature_checks,
+    prepare_fit_data,
+)
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.lr.params import SOLVERS, _LogisticRegressionParams
 
@@ -311,7 +318,8 @@ class LogisticRegression(
         return model
 
     def _check_labels(self, dataset: DataFrame) -> None:
-        """One aggregation over label (and weight): 0/1 labels, valid weights, not empty.
+        """One aggregation over label, weight and features: 0/1 labels, valid weights,
+        features MLlib accepts (see `feature_checks`), not empty.
 
         Multiclass labels (max label > 1, or nominal label metadata with more than two
         values) raise NotImplementedError: spark-ps fits binomial models only.
@@ -333,6 +341,7 @@ class LogisticRegression(
             w = F.col(f"`{weight_name}`").cast("double")
             bad_w = w.isNull() | F.isnan(w) | (w < 0) | (w == float("inf"))
             aggs.append(F.sum(bad_w.cast("long")).alias("bad_weights"))
+        aggs += feature_checks(dataset.schema, self.getFeaturesCol())
         row = dataset.agg(*aggs).first()
         if row["n"] == 0:
             raise ValueError(f"{self.uid}: the training dataset is empty")
@@ -353,6 +362,7 @@ class LogisticRegression(
                 f"Weights MUST be non-negative and finite: column {weight_name!r} (weightCol) "
                 f"has {row['bad_weights']} null, NaN, infinite or negative weights"
             )
+        check_features(row, self.getFeaturesCol())
 
 
 def _multiclass(uid: str, why: str) -> NotImplementedError:

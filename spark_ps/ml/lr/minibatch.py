@@ -4,15 +4,28 @@ For data where a full-batch optimum is not the point: each worker walks its cach
 partition in shuffled mini-batches of ``batchSize`` rows, pulls the weights of the keys a
 batch touches and pushes the batch's mean gradient; the optimizer step (SGD, Adam or
 FTRL-proximal, with ``stepSize`` as its rate) runs on the PS shards, beside its state.
-Workers push without waiting for each other within an epoch (asynchronous, Hogwild-style:
-a replayed push after a retry is applied again); epochs are synchronized through the round
-board. Features are not standardized. L2 (``regParam * (1 - elasticNetParam)``) enters
+
+Consistency within an epoch is the ``staleness`` Param; each mini-batch is one clock of
+the coordinator's clock table:
+
+* ``staleness=0`` (the default) is BSP: a worker starts mini-batch c+1 only when every
+  worker has pushed mini-batch c.
+* ``staleness=s > 0`` is SSP(s): a worker may run at most s mini-batches ahead of the
+  slowest live worker.
+* ``staleness=-1`` is ASP: workers never wait for each other within an epoch.
+
+A worker that has walked its whole partition leaves the epoch's clock table, and so does
+one whose executor is lost (the JVM bridge's listener removes ``executor:<id>/...``
+workers), so nobody waits for it. Epochs are always synchronized through the round board.
+Pushes are at-least-once (a replayed push after a retry is applied again). Features are
+not standardized. L2 (``regParam * (1 - elasticNetParam)``) enters
 the gradient of the touched weights; FTRL also takes the L1 part in its proximal step.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -32,26 +45,84 @@ __all__ = ["train_minibatch"]
 log = logging.getLogger("spark_ps.ml.lr")
 
 
+ASP = -1  #: the ``staleness`` value that means asynchronous (no clock waits)
+CLOCK_TIMEOUT = 3600.0  #: seconds a worker waits for the slowest one before failing
+
+
+def _executor_id() -> str:
+    """This executor's id as the JVM bridge's plugin wrote it, or "" without the plugin."""
+    for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(","):
+        path = os.path.join(d, "spark-ps-executor.properties")
+        if d and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("executor.id="):
+                        return line.split("=", 1)[1].strip()
+    return ""
+
+
+class _Clock:
+    """This worker's SSP clock for one epoch: one tick per mini-batch pushed.
+
+    The group is per (fit, epoch, barrier-stage attempt), so a retried stage starts a
+    fresh table; the worker id carries the executor id when known, so a lost executor's
+    workers are removed by the JVM listener and stop holding the others back.
+    """
+
+    def __init__(self, ctx: WorkerContext, round_: int, cmd: dict):
+        if "ssp_attempt" not in ctx.state:  # fresh in every attempt of the barrier stage
+            from pyspark import BarrierTaskContext
+
+            tc = BarrierTaskContext.get()  # the tasks agree on an id of this stage attempt
+            ctx.state["ssp_attempt"] = min(map(int, tc.allGather(str(tc.taskAttemptId()))))
+        attempt = ctx.state["ssp_attempt"]
+        self.client, self.staleness = ctx.client, int(cmd["staleness"])
+        self.num_workers, self.timeout = int(cmd["num_workers"]), float(cmd["clock_timeout"])
+        self.group = f"{ctx.topic}/ssp/{round_}/{attempt}"
+        executor = _executor_id()
+        self.worker = (f"executor:{executor}/" if executor else "") + f"{ctx.topic}/p{ctx.part}"
+        self.tick(0)  # join: returns once every worker of the epoch is running
+
+    def tick(self, clock: int) -> None:
+        self.client.clock(
+            self.group,
+            self.worker,
+            clock,
+            staleness=self.staleness,
+            num_workers=self.num_workers,
+            timeout=self.timeout,
+        )
+
+    def leave(self) -> None:
+        self.client.remove_worker(self.group, self.worker)
+
+
 def _epoch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """One pass over this partition in mini-batches; each pushes an optimizer step."""
+    """One pass over this partition in mini-batches; each pushes an optimizer step and,
+    unless ASP, ticks this worker's clock (waiting while it is too far ahead)."""
     cids, clocal = full_batch._compact(ctx, cmd["keyset"])
     model, last = ctx.tensor(cmd["model"]), cmd["dim"] - 1
     fit_intercept, l2 = cmd["fit_intercept"], cmd["l2"]
     loss_sum = weight_sum = 0.0
     seed = (cmd["seed"] * 1_000_003 + round_ * 7919 + ctx.part) & 0x7FFFFFFF
-    for mb in iter_minibatches(clocal, cmd["batch_size"], shuffle=True, seed=seed):
+    clock = _Clock(ctx, round_, cmd) if cmd["staleness"] != ASP else None
+    batches = iter_minibatches(clocal, cmd["batch_size"], shuffle=True, seed=seed)
+    for c, mb in enumerate(batches, start=1):
         keys, loc = mb.localize()
         gk = cids[keys]
         pull_keys = np.append(gk, last) if fit_intercept else gk
         w = model.pull(pull_keys)
         coef, b = (w[:-1], w[-1]) if fit_intercept else (w, 0.0)
         loss, grad, grad_b, ws = loss_and_grad(loc, coef, b, np.ones(coef.size), fit_intercept)
-        if ws <= 0:
-            continue
-        grad = grad / ws + l2 * coef
-        step = np.append(grad, grad_b / ws) if fit_intercept else grad
-        model.push(pull_keys, step)
-        loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
+        if ws > 0:
+            grad = grad / ws + l2 * coef
+            step = np.append(grad, grad_b / ws) if fit_intercept else grad
+            model.push(pull_keys, step)
+            loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
+        if clock is not None:
+            clock.tick(c)
+    if clock is not None:
+        clock.leave()
     ctx.contribute(round_, [loss_sum, weight_sum])
 
 
@@ -66,16 +137,23 @@ def _optimizer(params: dict) -> tuple[str, dict]:
     return solver, {"lr": rate}
 
 
+def _check_slots(prepared: PreparedData, staleness: int) -> None:
+    """BSP/SSP workers wait for each other: all of them must run at once."""
+    slots = prepared.df.sparkSession.sparkContext.defaultParallelism
+    if staleness != ASP and prepared.num_workers > slots:
+        raise ValueError(
+            f"staleness={staleness} ({'BSP' if staleness == 0 else 'SSP'}) needs every worker "
+            f"running at once, but numWorkers={prepared.num_workers} exceeds the {slots} task "
+            f"slots; lower numWorkers or use staleness={ASP} (ASP)"
+        )
+
+
 def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
     """The sgd/adam/ftrl trainer: maxIter epochs, stopping early when the epoch loss
     improves by less than ``tol`` (relative)."""
     t_start = time.perf_counter()
-    if int(params.get("staleness", 0)) > 0:
-        raise NotImplementedError(
-            f"staleness={params['staleness']}: bounded-staleness (SSP) mini-batch training is "
-            "not implemented; the mini-batch solvers push asynchronously within an epoch and "
-            "synchronize between epochs (leave staleness at 0)"
-        )
+    staleness = int(params.get("staleness", 0))
+    _check_slots(prepared, staleness)
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
     fit_intercept = bool(params["fitIntercept"])
     solver, opt = _optimizer(params)
@@ -109,6 +187,9 @@ def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
                     l2=l2,
                     batch_size=int(params["batchSize"]),
                     seed=int(epoch),
+                    staleness=staleness,
+                    num_workers=prepared.num_workers,
+                    clock_timeout=CLOCK_TIMEOUT,
                 )
                 history.append(loss / wsum)
                 stamps.append(time.perf_counter() - t_start)

@@ -18,7 +18,7 @@ __all__ = ["SOLVERS", "MINI_BATCH_SOLVERS", "_LogisticRegressionParams"]
 
 #: Solvers accepted by the ``solver`` Param; ``lbfgs`` reaches MLlib's optimum.
 SOLVERS = ("lbfgs", "sgd", "adam", "ftrl")
-#: Solvers that stream mini-batches and so may run with ``staleness > 0``.
+#: Solvers that stream mini-batches and so may run with ``staleness`` != 0 (SSP, ASP).
 MINI_BATCH_SOLVERS = ("sgd", "adam", "ftrl")
 _FAMILIES = ("auto", "binomial", "multinomial")
 _BOUND_PARAMS = (
@@ -62,8 +62,10 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
     staleness: Param[int] = Param(
         Params._dummy(),
         "staleness",
-        "Bounded staleness for SSP: a worker may run at most this many clocks ahead of the "
-        "slowest one (>= 0); 0 = BSP (synchronous). Only mini-batch solvers may use > 0.",
+        "Consistency of the mini-batch solvers (one clock per mini-batch): 0 = BSP (every "
+        "worker waits for all others at each mini-batch), s > 0 = SSP (a worker may run at "
+        "most s mini-batches ahead of the slowest), -1 = ASP (no waiting). lbfgs is "
+        "synchronous and takes 0 only.",
         typeConverter=TypeConverters.toInt,
     )
     numWorkers: Param[int] = Param(
@@ -151,7 +153,7 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
             "maxBlockSizeInMB": 0.0,
             "batchSize": 1,
             "numShards": 0,
-            "staleness": 0,
+            "staleness": -1,
             "numWorkers": 0,
         }
         for name, low in lower_bounded.items():
@@ -170,7 +172,7 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
             raise self._invalid("family", f"one of {', '.join(_FAMILIES)}")
         if self.getSolver() not in SOLVERS:
             raise self._invalid("solver", f"one of {', '.join(SOLVERS)}")
-        if self.getStaleness() > 0 and self.getSolver() not in MINI_BATCH_SOLVERS:
+        if self.getStaleness() != 0 and self.getSolver() not in MINI_BATCH_SOLVERS:
             raise self._invalid(
                 "staleness", f"0 with solver={self.getSolver()!r} (which is synchronous)"
             )
