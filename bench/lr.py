@@ -43,7 +43,8 @@ __all__ = ["COLUMNS", "Case", "main", "parse_args"]
 IMPLS = ("mllib", "sparkps")
 DATASETS = ("synthetic", "flights", "dense")
 COLUMNS = (
-    "dataset", "dim", "train rows", "impl", "iters", "fit s", "s/iter", "final loss",
+    "dataset", "dim", "train rows", "impl", "iters", "fit s", "s/iter", "setup s", "iter s",
+    "final loss",
     "t to MLlib loss s", "JVM heap MiB", "py RSS MiB", "test AUC",
     "speedup", "speedup to loss", "heap ratio", "dAUC", "status",
 )  # fmt: skip
@@ -89,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--standardization", choices=("true", "false"), default="false")
     p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
     p.add_argument("--loss-rtol", type=float, default=1e-4, help="'reached MLlib loss' margin")
+    p.add_argument(
+        "--mllib-ref",
+        default="",
+        help="MLlib s/iter measured elsewhere, e.g. '24=8.9': ratios for cases MLlib cannot run",
+    )
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--driver-memory", default="6g")
@@ -180,11 +186,17 @@ def fit_one(impl: str, est: Any, case: Case, spark: Any, target: float | None, r
         summary = model.summary
         iters = int(summary.totalIterations)
         history = list(summary.objectiveHistory)
+        stamps = getattr(summary, "iterationTimestamps", None) or []
+        phases = getattr(model, "_fit_phases", None)
+        if phases:
+            print(f"{impl} {case.dataset} {case.dim} phases (s): {phases}", flush=True)
         row.update(
             {
                 "iters": iters,
                 "fit s": t.elapsed,
                 "s/iter": t.elapsed / max(iters, 1),
+                "setup s": stamps[0] if stamps else None,
+                "iter s": (stamps[-1] - stamps[0]) / iters if len(stamps) > 1 else None,
                 "final loss": history[-1] if history else None,
                 "t to MLlib loss s": _time_to_loss(summary, target, rtol),
                 "JVM heap MiB": mem.jvm_mib,
@@ -245,9 +257,20 @@ def _in_child(impl: str, case: Case, args: argparse.Namespace, target: float | N
         return {"impl": impl, "status": f"failed (exit {code}): {msg}"}
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Fill the ratio columns of every row against the MLlib row of the same case."""
+def add_ratios(rows: list[dict[str, Any]], ref_s_per_iter: float | None = None) -> None:
+    """Fill the ratio columns of every row against the MLlib row of the same case.
+
+    Without an MLlib row (it failed or was skipped) and with a reference MLlib s/iter
+    measured elsewhere, 'speedup to loss' is ``ref * iters / fit s`` marked '(ref)': our
+    L-BFGS walks MLlib's path, so MLlib's final loss is ours after the same iterations.
+    """
     base = next((r for r in rows if r["impl"] == "mllib" and r["status"] == "ok"), None)
+    if base is None and ref_s_per_iter:
+        for r in rows:
+            if r["impl"] != "mllib" and r["status"] == "ok":
+                mllib_s = ref_s_per_iter * r["iters"]
+                r["speedup to loss"] = f"{fmt_ratio(mllib_s, r['fit s'])} (ref)"
+        return
     for r in rows:
         if base is None or r["status"] != "ok":
             continue
@@ -255,6 +278,18 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         r["speedup to loss"] = fmt_ratio(base["fit s"], r.get("t to MLlib loss s"))
         r["heap ratio"] = fmt_ratio(r["JVM heap MiB"], base["JVM heap MiB"])
         r["dAUC"] = f"{r['test AUC'] - base['test AUC']:+.4f}"
+
+
+def _mllib_refs(text: str) -> dict[int, float]:
+    """``'24=8.9,22=3.3'`` -> {24: 8.9, 22: 3.3} (log2 dim -> MLlib seconds per iteration)."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        log2, _, sec = item.partition("=")
+        try:
+            out[int(log2)] = float(sec)
+        except ValueError:
+            raise ValueError(f"--mllib-ref: {item!r} is not LOG2=SECONDS") from None
+    return out
 
 
 def run_case(spark: Any, case: Case, impls: list[str], args: argparse.Namespace) -> list[dict]:
@@ -291,7 +326,7 @@ def run_case(spark: Any, case: Case, impls: list[str], args: argparse.Namespace)
             case.test.unpersist()
         except Exception as exc:  # the JVM may be gone after a fatal OOM
             print(f"note: could not unpersist {case.dataset} {case.dim}: {type(exc).__name__}")
-    add_ratios(rows)
+    add_ratios(rows, _mllib_refs(args.mllib_ref).get(case.log2_dim))
     return rows
 
 

@@ -30,6 +30,8 @@ import pyarrow as pa
 
 __all__ = [
     "CSRBatch",
+    "DenseBatch",
+    "DENSE_MAX_FEATURES",
     "arrow_to_csr",
     "read_partition",
     "iter_minibatches",
@@ -38,6 +40,8 @@ __all__ = [
 ]
 
 _VECTOR_FIELDS = ("type", "size", "indices", "values")
+DENSE_MAX_FEATURES = 4096
+"""Rows of at most this many features that store every column are computed on as a matrix."""
 _SUPPORTED = (
     "VectorUDT (struct<type: int8, size: int32, indices: list<int32>, values: list<double>>), "
     "array<bigint>/array<int> keys, array<float>/array<double> dense"
@@ -241,6 +245,58 @@ class CSRBatch:
             np.concatenate([b.labels for b in batches]) if True in has_labels else None,
             np.concatenate([b.weights for b in batches]) if True in has_weights else None,
         )
+
+
+@dataclass
+class DenseBatch:
+    """Rows that store every column: a C-contiguous ``[n_rows, num_features]`` float64 matrix.
+
+    What :func:`read_partition` gives for ``array<float|double>`` features when asked
+    (``dense_matrix=True``): no index array at all, so products are BLAS calls and
+    statistics column reductions. It shares CSRBatch's ``n_rows``/``nnz``/``num_features``/
+    ``labels``/``weights``/``localize`` contract where a trainer needs it.
+    """
+
+    matrix: np.ndarray
+    labels: np.ndarray | None = None
+    weights: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.matrix = np.ascontiguousarray(self.matrix, dtype=np.float64)
+        if self.matrix.ndim != 2:
+            raise ValueError(f"DenseBatch.matrix must be 2-D, got shape {self.matrix.shape}")
+        for name in ("labels", "weights"):
+            arr = getattr(self, name)
+            if arr is not None and np.shape(arr) != (self.n_rows,):
+                raise ValueError(f"DenseBatch.{name} has shape {np.shape(arr)}, expected rows")
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows."""
+        return self.matrix.shape[0]
+
+    @property
+    def num_features(self) -> int:
+        """Number of columns."""
+        return self.matrix.shape[1]
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored entries (every cell)."""
+        return self.matrix.size
+
+    def localize(self) -> tuple[np.ndarray, DenseBatch]:
+        """(``arange(num_features)``, self): every column is touched, ids are the keys."""
+        return np.arange(self.num_features, dtype=np.int64), self
+
+    @staticmethod
+    def concat(batches: list[DenseBatch]) -> DenseBatch:
+        """Rows of all batches in order (one copy of the values)."""
+        if len(batches) == 1:
+            return batches[0]
+        opt = [[getattr(b, n) for b in batches] for n in ("labels", "weights")]
+        labels, weights = (None if a[0] is None else np.concatenate(a) for a in opt)
+        return DenseBatch(np.concatenate([b.matrix for b in batches]), labels, weights)
 
 
 def iter_minibatches(
@@ -504,17 +560,23 @@ def _keys_to_csr(
     return indptr, keys, values, num_features
 
 
-def _dense_to_csr(col: pa.Array, column: str, num_features: int | None, row_offset: int):
-    """array<float|double> rows of equal length -> (indptr, indices, values, dim)."""
+def _dense_values(col: pa.Array, column: str, num_features: int | None, row_offset: int):
+    """array<float|double> rows of equal length -> (flat values, dim), validated."""
     what = f"features column {column!r}"
     _check_no_nulls(col, f"{what}: null array", row_offset)
     indptr, flat = _flat_list(col)
-    lengths = np.diff(indptr)
-    num_features = _check_sizes(lengths, num_features, what, row_offset)
+    num_features = _check_sizes(np.diff(indptr), num_features, what, row_offset)
     values = _numeric(flat, np.float64, what, indptr, row_offset)
     _check_finite(values, indptr, what, row_offset)
-    indices = np.tile(np.arange(num_features, dtype=np.int64), lengths.shape[0])
-    return indptr, indices, values, num_features
+    return values, num_features
+
+
+def _dense_to_csr(col: pa.Array, column: str, num_features: int | None, row_offset: int):
+    """array<float|double> rows of equal length -> (indptr, indices, values, dim)."""
+    values, num_features = _dense_values(col, column, num_features, row_offset)
+    n = len(col)
+    indices = np.tile(np.arange(num_features, dtype=np.int64), n)
+    return np.arange(n + 1, dtype=np.int64) * num_features, indices, values, num_features
 
 
 def _is_numeric(t: pa.DataType) -> bool:
@@ -608,12 +670,26 @@ def arrow_to_csr(
                 f"values column {values_col!r} must be array<float|double>, got {vcol.type}"
             )
         parts = _keys_to_csr(col, vcol, features_col, values_col, num_features, row_offset)
+    labels, weights = _labels_weights(batch, label_col, weight_col, row_offset)
+    return CSRBatch(*parts, labels=labels, weights=weights)
+
+
+def _labels_weights(batch, label_col: str | None, weight_col: str | None, row_offset: int):
+    """(labels, weights) of a batch as validated float64 arrays, None where not asked."""
     labels = weights = None
     if label_col is not None:
         labels = _label_array(_column(batch, label_col, "label"), label_col, row_offset)
     if weight_col is not None:
         weights = _weight_array(_column(batch, weight_col, "weight"), weight_col, row_offset)
-    return CSRBatch(*parts, labels=labels, weights=weights)
+    return labels, weights
+
+
+def _arrow_to_dense(batch, features_col: str, label_col, weight_col, num_features, row_offset):
+    """One batch of ``array<float|double>`` features -> a validated :class:`DenseBatch`."""
+    col = _column(batch, features_col, "features")
+    values, d = _dense_values(col, features_col, num_features, row_offset)
+    labels, weights = _labels_weights(batch, label_col, weight_col, row_offset)
+    return DenseBatch(values.reshape(len(col), d), labels, weights)
 
 
 def read_partition(
@@ -625,7 +701,8 @@ def read_partition(
     values_col: str | None = None,
     num_features: int | None = None,
     row_offset: int = 0,
-) -> CSRBatch:
+    dense_matrix: bool = False,
+) -> CSRBatch | DenseBatch:
     """A whole Spark partition (the iterator ``mapInArrow`` hands over) as one CSRBatch.
 
     Keywords are those of :func:`arrow_to_csr`; ``row_offset`` numbers the first
@@ -633,7 +710,11 @@ def read_partition(
     and dense columns the first non-empty batch's dimension binds the later ones
     (keys columns take the largest key space seen). An empty partition gives a
     batch of 0 rows with ``num_features`` (or 0) and empty label/weight arrays.
+    With ``dense_matrix`` the ``array<float|double>`` features column gives a
+    :class:`DenseBatch` instead (no index arrays are built).
     """
+    if dense_matrix and values_col is None:
+        return _read_dense(batches, features_col, label_col, weight_col, num_features, row_offset)
     cols = {"label_col": label_col, "weight_col": weight_col, "values_col": values_col}
     parts: list[CSRBatch] = []
     for batch in batches:
@@ -652,3 +733,28 @@ def read_partition(
             num_features or 0, labels=label_col is not None, weights=weight_col is not None
         )
     return CSRBatch.concat(parts)
+
+
+def _read_dense(batches, features_col, label_col, weight_col, num_features, row_offset):
+    """:func:`read_partition` for ``array<float|double>`` features: one DenseBatch."""
+    parts: list = []
+    for batch in batches:
+        col = _column(batch, features_col, "features")
+        if features_kind(col.type, features_col) != "dense":
+            raise TypeError(
+                f"dense_matrix=True needs an array<float|double> features column; "
+                f"{features_col!r} has type {col.type}"
+            )
+        part = _arrow_to_dense(batch, features_col, label_col, weight_col, num_features, row_offset)
+        row_offset += batch.num_rows
+        if part.n_rows:
+            num_features = part.num_features
+            parts.append(part)
+    if not parts:
+        z = np.zeros(0)
+        return DenseBatch(
+            np.zeros((0, num_features or 0)),
+            z.copy() if label_col is not None else None,
+            z.copy() if weight_col is not None else None,
+        )
+    return DenseBatch.concat(parts)

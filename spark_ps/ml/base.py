@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.ml.base import PredictionModel
 from pyspark.ml.classification import ProbabilisticClassificationModel
-from pyspark.ml.functions import array_to_vector
+from pyspark.ml.functions import array_to_vector, vector_to_array
 from pyspark.ml.linalg import (
     DenseMatrix,
     DenseVector,
@@ -201,19 +201,25 @@ def prepare_fit_data(
     weight_col: str | None = None,
     values_col: str | None = None,
     num_workers: int = 0,
+    densify_max: int = 0,
 ) -> PreparedData:
     """Validate column types, keep only the needed columns and repartition to the workers.
 
     ``num_workers=0`` means the SparkContext's default parallelism. A RuntimeWarning is
     issued when there are fewer task slots than workers (barrier/SSP training needs every
-    worker running at once).
+    worker running at once). With ``densify_max``, a vector column whose first row is a
+    dense vector of at most that size travels as ``array<double>`` (kind ``"dense"``):
+    Spark's Arrow writer is ~3x cheaper for a flat array than for the vector struct.
     """
     if not isinstance(dataset, DataFrame):
         raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
     schema = dataset.schema
     kind = features_kind(schema, features_col)
     _check_numeric(schema, label_col, "labelCol")
-    cols = [F.col(_quote(features_col)), F.col(_quote(label_col)).cast("double").alias(label_col)]
+    features = F.col(_quote(features_col))
+    if kind == "vector" and densify_max and _dense_first_row(dataset, features_col, densify_max):
+        features, kind = vector_to_array(features).alias(features_col), "dense"
+    cols = [features, F.col(_quote(label_col)).cast("double").alias(label_col)]
     if weight_col:
         _check_numeric(schema, weight_col, "weightCol")
         cols.append(F.col(_quote(weight_col)).cast("double").alias(weight_col))
@@ -235,6 +241,17 @@ def prepare_fit_data(
     return PreparedData(
         df, features_col, label_col, weight_col or None, values_col or None, kind, workers
     )
+
+
+def _dense_first_row(dataset: DataFrame, features_col: str, max_size: int) -> bool:
+    """Whether the first row holds a DenseVector of at most ``max_size`` (one small job).
+
+    Later sparse rows would be densified, which is exact (stored zeros change no sum)
+    and bounded by ``max_size`` values per row.
+    """
+    row = dataset.select(F.col(_quote(features_col))).head()
+    value = None if row is None else row[0]
+    return isinstance(value, DenseVector) and value.size <= max_size
 
 
 # --------------------------------------------------------------------------- scoring

@@ -28,7 +28,7 @@ from spark_ps.ml._job import PSJob, WorkerContext
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
-from spark_ps.ml.lr.estimator import TrainResult, register_trainer
+from spark_ps.ml.lr.estimator import TrainResult, check_label_counts, register_trainer
 from spark_ps.ml.lr.objective import (
     build_lr_vectors,
     feature_stats,
@@ -48,34 +48,48 @@ log = logging.getLogger("spark_ps.ml.lr")
 _STATS = ("count", "s1", "s2")
 _DENSE_OUTPUT_LIMIT = 1 << 24  # vector input up to this size gets MLlib's dense coefficients
 _EXTREMES = ("vmax", "neg_vmin")
+_IDENTITY_LIMIT = 1 << 16  # vector input up to this size: PS vector ids are the feature ids
 
 
 # ----------------------------------------------------------------------------- workers
 
 
-def _setup(prepared: PreparedData):
+def _setup(prepared: PreparedData, dense_matrix: bool = False):
+    """The worker's read: its partition as a CSRBatch (or, for dense arrays when
+    ``dense_matrix``, a DenseBatch), localized to the keys it touches."""
     features, label, weight, values = (
         prepared.features_col,
         prepared.label_col,
         prepared.weight_col,
         prepared.values_col,
     )
+    dense = dense_matrix and prepared.features_kind == "dense"
 
     def setup(batches, ctx: WorkerContext) -> None:
+        t0 = time.perf_counter()
         csr = read_partition(
-            batches, features, label_col=label, weight_col=weight, values_col=values
+            batches,
+            features,
+            label_col=label,
+            weight_col=weight,
+            values_col=values,
+            dense_matrix=dense,  # dense arrays: a matrix, no index arrays (BLAS products)
         )
+        t1 = time.perf_counter()
         keys, local = csr.localize()
         ctx.state.update(rows=csr.n_rows, num_features=csr.num_features, keys=keys, local=local)
+        ctx.state["setup_s"] = [t1 - t0, time.perf_counter() - t1]
 
     return setup
 
 
 def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """This partition's feature dimension and largest key (as exact 31-bit halves)."""
-    top = int(ctx.state["keys"][-1]) if ctx.state["keys"].size else -1
-    out = np.zeros((cmd["num_workers"], 3))
-    out[ctx.part] = [ctx.state["num_features"], top >> 31, top & ((1 << 31) - 1)]
+    """This partition's feature dimension and largest key (as exact 31-bit halves), and
+    how long reading and localizing took."""
+    s = ctx.state
+    top = int(s["keys"][-1]) if s["keys"].size else -1
+    out = np.zeros((cmd["num_workers"], 5))
+    out[ctx.part] = [s["num_features"], top >> 31, top & ((1 << 31) - 1), *s["setup_s"]]
     ctx.contribute(round_, out.ravel())
 
 
@@ -87,9 +101,14 @@ def _keys(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     ctx.contribute(round_, [keys.size])
 
 
-def _compact(ctx: WorkerContext, keyset: str) -> tuple[np.ndarray, object]:
-    """(sorted compact ids of this partition's keys, the batch re-indexed to match)."""
+def _compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object]:
+    """(sorted compact ids of this partition's keys, the batch re-indexed to match).
+
+    Without a keyset the ids are the keys themselves (small vector input)."""
     s = ctx.state
+    if keyset is None:
+        s["ids"] = s["keys"]
+        return s["keys"], s["local"]
     if s.get("keyset") != keyset:
         ids = ctx.tensor(keyset).pull(s["keys"]).astype(np.int64)
         order = np.argsort(ids, kind="stable")
@@ -117,8 +136,12 @@ def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         )
     ctx.tensor(cmd["vmax"]).aggregate(gk, p.vmax, round=round_, part=ctx.part)
     ctx.tensor(cmd["neg_vmin"]).aggregate(gk, -p.vmin, round=round_, part=ctx.part)
+    y = ctx.state["local"].labels
+    n_neg = int(np.count_nonzero((y < 0) | (y != np.floor(y))))  # MLlib's label checks, folded
+    n_multi = int(np.count_nonzero(y > 1)) - int(np.count_nonzero((y > 1) & (y != np.floor(y))))
     ctx.contribute(
-        round_, [p.n_rows, p.weight_sum, p.weight_sq_sum, *p.label_weight, p.n_bad_labels]
+        round_,
+        [p.n_rows, p.weight_sum, p.weight_sq_sum, *p.label_weight, p.n_bad_labels, n_neg, n_multi],
     )
 
 
@@ -150,9 +173,10 @@ _HANDLERS = {"dims": _dims, "keys": _keys, "stats": _stats, "grad": _grad}
 class _Fit:
     """Driver side of one fit: the PS vectors and the rounds that fill them."""
 
-    def __init__(self, job: PSJob, space: PSVecSpace, fit_intercept: bool, keyset: str):
+    def __init__(self, job: PSJob, space: PSVecSpace, fit_intercept: bool, ks, label_col: str):
         self.job, self.space, self.fit_intercept = job, space, fit_intercept
-        self.dim, self.keyset = space.dim, keyset
+        self.dim, self.label_col = space.dim, label_col
+        self.keyset = None if ks.keyset is None else ks.keyset.name
 
     def stats(self):
         vecs = {n: self.space.new(n) for n in _STATS + _EXTREMES}
@@ -161,7 +185,8 @@ class _Fit:
             vecs[n].reduce(r)
         for n in _EXTREMES:
             vecs[n].reduce(r, how="max")
-        n_rows, wsum, wsq, w0, w1, n_bad = out
+        n_rows, wsum, wsq, w0, w1, n_bad, n_neg, n_multi = out
+        check_label_counts(self.label_col, n_neg, n_multi > 0, f"{int(n_multi)} labels above 1")
         if n_bad:
             raise ValueError(
                 f"Labels MUST be in {{0, 1}} for binary logistic regression; "
@@ -221,33 +246,57 @@ class _Fit:
         return evaluate
 
 
+class _Phases:
+    """Wall-clock seconds of each set-up phase of a fit (logged, and kept on the result)."""
+
+    def __init__(self, start: float):
+        self.start = self.last = start
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self.last, 4)
+        self.last = now
+        log.info("phase %s: %.3f s", name, self.seconds[name])
+
+
 @dataclass
 class _KeySpace:
     """The keys the data touches, numbered 0..K-1 on the PS (`keyset` maps key -> id)."""
 
-    keyset: PSVector
+    keyset: PSVector | None  # None: the ids are the keys (small vector input)
     size: int  # K
     num_features: int  # the model's dimension: vector size, or the largest key + 1
     dense_output: bool  # small vector input: return dense coefficients, as MLlib does
 
 
-def _key_space(job: PSJob, ps, prepared: PreparedData) -> _KeySpace:
+def _key_space(
+    job: PSJob, ps, prepared: PreparedData, phases: _Phases | None = None, identity: bool = False
+) -> _KeySpace:
+    """Dimension and compact key numbering of the data (``identity``: skip the numbering
+    for vector input up to ``_IDENTITY_LIMIT`` features; ``keyset`` is then None)."""
+    phases = phases or _Phases(time.perf_counter())
     nw = job.num_workers
     _, out = job.call("dims", num_workers=nw)
-    out = out.reshape(nw, 3)
+    phases.mark("job start + read")
+    out = out.reshape(nw, 5)
+    log.info("worker read %s s, localize %s s", out[:, 3].round(2), out[:, 4].round(2))
     sizes = sorted({int(v) for v in out[:, 0] if v > 0})
     if len(sizes) > 1 and prepared.features_kind != "keys":
         raise ValueError(f"feature vectors have inconsistent sizes across partitions: {sizes}")
     if not sizes:
         raise ValueError("the training dataset is empty")
-    top = max((int(hi) << 31) + int(lo) for hi, lo in out[:, 1:])
+    top = max((int(hi) << 31) + int(lo) for hi, lo in out[:, 1:3])
     num_features = top + 1 if prepared.features_kind == "keys" else sizes[0]
+    dense = prepared.features_kind != "keys" and num_features <= _DENSE_OUTPUT_LIMIT
+    if identity and prepared.features_kind != "keys" and num_features <= _IDENTITY_LIMIT:
+        return _KeySpace(None, num_features, num_features, dense)  # numbering saves nothing
     keyset = PSVector.sparse(max(num_features, 1), name=f"{job.topic}/keyset", context=ps)
     job.call("keys", keyset=keyset.name)
     counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ps.client.call("keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets])
-    dense = prepared.features_kind != "keys" and num_features <= _DENSE_OUTPUT_LIMIT
+    phases.mark("key numbering")
     return _KeySpace(keyset, int(sum(counts)), num_features, dense)
 
 
@@ -258,7 +307,7 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
     however large the key space, and the driver holds none of them.
     """
-    t_start = time.perf_counter()
+    phases = _Phases(time.perf_counter())
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)
     fit_intercept = bool(params["fitIntercept"])
@@ -266,34 +315,37 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         ps,
         prepared.df,
         prepared.num_workers,
-        _setup(prepared),
+        _setup(prepared, dense_matrix=True),
         _HANDLERS,
         name=f"LogisticRegression(maxIter={params['maxIter']})",
     )
     with job:
         interval = params.get("checkpointInterval", -1)
         recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-        ks = _key_space(job, ps, prepared)
+        ks = _key_space(job, ps, prepared, phases, identity=True)
         space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic)
         try:
-            return _solve(job, space, ks, fit_intercept, params, t_start, recovery)
+            return _solve(job, space, ks, prepared.label_col, params, phases, recovery)
         finally:
             space.release_all()
-            ks.keyset.drop()
+            if ks.keyset is not None:
+                ks.keyset.drop()
 
 
 def _solve(
     job: PSJob,
     space: PSVecSpace,
     ks: _KeySpace,
-    fit_intercept: bool,
+    label_col: str,
     params: dict,
-    t_start: float,
+    phases: _Phases,
     recovery: FitRecovery,
 ) -> TrainResult:
+    t_start, fit_intercept = phases.start, bool(params["fitIntercept"])
     k = ks.size
-    fit = _Fit(job, space, fit_intercept, ks.keyset.name)
+    fit = _Fit(job, space, fit_intercept, ks, label_col)
     mean, std, label_weight = fit.stats()
+    phases.mark("statistics")
     if fit_intercept and np.count_nonzero(label_weight) == 1:
         log.warning(
             "all labels are %s and fitIntercept=true: coefficients are 0", int(label_weight[1] > 0)
@@ -313,6 +365,7 @@ def _solve(
     )
     x = space.new("x")
     initial_point(space, x, mask, label_weight, fit_intercept)
+    phases.mark("solver vectors")
 
     stamps: list[float] = []
     evaluate = fit.objective(vecs)
@@ -321,6 +374,7 @@ def _solve(
         value = evaluate(x, g)
         if not stamps:  # the initial point: objectiveHistory[0]
             stamps.append(time.perf_counter() - t_start)
+            phases.mark("first objective")
         return value
 
     bar = Progress("spark-ps LogisticRegression", int(params["maxIter"]))
@@ -342,12 +396,18 @@ def _solve(
             **_resume_hooks(recovery, space, stamps, resume),
         )
         bar.close()
+        phases.mark("iterations")
         b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
         coef_h, intercept = original_space(space, res.x, vecs, b)
-        keys, ids = ks.keyset.pull()  # every touched key and its compact id
+        if ks.keyset is None:
+            keys = ids = np.arange(ks.num_features, dtype=np.int64)
+        else:
+            keys, ids = ks.keyset.pull()  # every touched key and its compact id
         coef = coef_h.pull(ids.astype(np.int64)) if keys.size else np.zeros(0)
         result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
         result.iteration_timestamps = stamps
+        phases.mark("coefficients")
+        result.phases = phases.seconds
         return result
 
     return recovery.run(solve)

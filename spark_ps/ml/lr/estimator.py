@@ -19,6 +19,7 @@ from pyspark.ml.linalg import Matrix, Vector
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from spark_ps.data import DENSE_MAX_FEATURES
 from spark_ps.ml.base import (
     ArraysReadable,
     ArraysWritable,
@@ -37,6 +38,7 @@ __all__ = [
     "register_trainer",
     "unregister_trainer",
     "get_trainer",
+    "check_label_counts",
 ]
 
 
@@ -61,6 +63,7 @@ class TrainResult:
     keys: np.ndarray | None = None
     num_features: int | None = None
     iteration_timestamps: Sequence[float] | None = None  # seconds since the fit started
+    phases: dict[str, float] | None = None  # seconds per set-up phase (trainers that time them)
 
 
 Trainer = Callable[[PreparedData, dict[str, Any]], TrainResult]
@@ -300,7 +303,10 @@ class LogisticRegression(
             weight_col=self._weight_col(),
             values_col=self._feature_values_col(),
             num_workers=self.getNumWorkers(),
+            densify_max=DENSE_MAX_FEATURES if self.getSolver() == "lbfgs" else 0,
         )
+        # A trainer that checks labels in its own statistics pass saves a Spark job; weights
+        # (null/NaN/negative) are still checked here first, with MLlib's plain ValueError.
         self._check_labels(dataset)
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
         result = trainer(prepared, params)
@@ -315,6 +321,7 @@ class LogisticRegression(
         self._copyValues(model)
         model._set_training_summary(dataset, result.objective_history, result.total_iterations)
         model._timestamps = list(result.iteration_timestamps or [])
+        model._fit_phases = dict(result.phases or {})
         return model
 
     def _check_labels(self, dataset: DataFrame) -> None:
@@ -350,19 +357,28 @@ class LogisticRegression(
                 f"Labels MUST NOT be Null or NaN: column {label_name!r} (labelCol) has "
                 f"{row['nulls']} such rows"
             )
-        if row["bad"]:
-            raise ValueError(
-                f"Labels MUST be in {{0, 1}}: column {label_name!r} (labelCol) has "
-                f"{row['bad']} negative or non-integer labels"
-            )
-        if row["max"] > 1:
-            raise _multiclass(self.uid, f"max label {row['max']} in column {label_name!r}")
+        check_label_counts(
+            label_name, row["bad"], row["max"] > 1, f"max label {row['max']}", self.uid
+        )
         if weight_name and row["bad_weights"]:
             raise ValueError(
                 f"Weights MUST be non-negative and finite: column {weight_name!r} (weightCol) "
                 f"has {row['bad_weights']} null, NaN, infinite or negative weights"
             )
         check_features(row, self.getFeaturesCol())
+
+
+def check_label_counts(
+    label_col: str, bad: int, multiclass: bool, why: str, uid: str = "LogisticRegression"
+) -> None:
+    """Raise MLlib's errors for ``bad`` negative/non-integer labels or labels above 1."""
+    if bad:
+        raise ValueError(
+            f"Labels MUST be in {{0, 1}}: column {label_col!r} (labelCol) has "
+            f"{int(bad)} negative or non-integer labels"
+        )
+    if multiclass:
+        raise _multiclass(uid, f"{why} in column {label_col!r}")
 
 
 def _multiclass(uid: str, why: str) -> NotImplementedError:

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame
 from spark_ps.data import CSRBatch
 from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowScoring
 from spark_ps.ml.lr.params import _LogisticRegressionParams
+from spark_ps.ml.lr.scoring import ScoringCoefficients
 from spark_ps.ml.lr.summary import LogisticRegressionSummary, make_summary
 
 __all__ = ["LogisticRegressionModel"]
@@ -116,6 +117,7 @@ class LogisticRegressionModel(
             self._keys, self._num_features = keys, int(num_features)
         self._values = values
         self._intercept = float(intercept)
+        self._state: ScoringCoefficients | None = None  # rebuilt from these numbers on use
 
     # ------------------------------------------------------------------ MLlib attributes
 
@@ -192,22 +194,16 @@ class LogisticRegressionModel(
 
     # ------------------------------------------------------------------ scoring hooks
 
-    def _scoring_state(self) -> tuple:
-        return (self._keys, self._values, self._intercept)
+    def _scoring_state(self) -> ScoringCoefficients:
+        """The coefficients as shipped to executors (non-zeros only), built once per model."""
+        if getattr(self, "_state", None) is None:
+            self._state = ScoringCoefficients.of(self._keys, self._values, self._intercept)
+        return self._state
 
     @staticmethod
-    def _margin(state: tuple, csr: CSRBatch) -> np.ndarray:
+    def _margin(state: ScoringCoefficients, csr: CSRBatch) -> np.ndarray:
         """x . w + b per row, summed in each row's stored order as MLlib's sparse dot."""
-        keys, values, intercept = state
-        if keys is None:
-            w = values[csr.indices]
-        elif keys.shape[0] == 0:
-            w = np.zeros(csr.indices.shape[0], dtype=np.float64)
-        else:
-            pos = np.minimum(np.searchsorted(keys, csr.indices), keys.shape[0] - 1)
-            w = np.where(keys[pos] == csr.indices, values[pos], 0.0)
-        dot = np.bincount(csr.row_ids(), weights=csr.values * w, minlength=csr.n_rows)
-        return dot + intercept
+        return state.margins(csr)
 
     @staticmethod
     def _margins(state: tuple, csr: CSRBatch) -> np.ndarray:

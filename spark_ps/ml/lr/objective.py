@@ -42,7 +42,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from spark_ps.data import CSRBatch
+from spark_ps.data import DENSE_MAX_FEATURES, CSRBatch, DenseBatch
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.vecspace import NumpyVecSpace, VecSpace
 
@@ -164,17 +164,19 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
     w = _batch_weights(batch)
     y = batch.labels
     pos = w > 0
-    dense = _dense_rows(batch, batch.num_features) if pos.all() else None
+    dense, wd = (_dense_rows(batch, batch.num_features), w) if pos.all() else (None, w)
+    if isinstance(batch, DenseBatch) and not pos.all():  # zero-weight rows do not count
+        dense, wd = batch.matrix[pos], w[pos]
     if dense is not None:  # every row stores every column: column reductions, no scatter
         bad = (y != 0.0) & (y != 1.0)
         n_bad = int(np.count_nonzero(bad))
         return StatsPartial(
             keys=np.arange(dense.shape[1], dtype=np.int64),
             count=np.full(dense.shape[1], dense.shape[0], dtype=np.int64),
-            s1=w @ dense,
-            s2=np.einsum("i,ij,ij->j", w, dense, dense),
-            vmin=dense.min(axis=0),
-            vmax=dense.max(axis=0),
+            s1=wd @ dense,
+            s2=_weighted_square_sums(dense, wd),
+            vmin=dense.min(axis=0) if dense.shape[0] else np.full(dense.shape[1], np.inf),
+            vmax=dense.max(axis=0) if dense.shape[0] else np.full(dense.shape[1], -np.inf),
             num_features=batch.num_features,
             n_rows=int(np.count_nonzero(pos)),
             weight_sum=float(w.sum()),
@@ -201,6 +203,15 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
         n_bad_labels=n_bad,
         bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
     )
+
+
+def _weighted_square_sums(dense: np.ndarray, w: np.ndarray, block: int = 8192) -> np.ndarray:
+    """``sum_i w_i * x_ij**2`` per column, in row blocks (BLAS, a bounded temporary)."""
+    out = np.zeros(dense.shape[1])
+    for start in range(0, dense.shape[0], block):
+        x = dense[start : start + block]
+        out += w[start : start + block] @ (x * x)
+    return out
 
 
 def _sorted_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
@@ -356,10 +367,12 @@ def _scipy_csr(csr: CSRBatch, k: int):
     return cached
 
 
-def _dense_rows(csr: CSRBatch, k: int) -> np.ndarray | None:
+def _dense_rows(csr: CSRBatch | DenseBatch, k: int) -> np.ndarray | None:
     """``[n, k]`` dense rows when every row stores the same k columns, else None."""
+    if isinstance(csr, DenseBatch):
+        return csr.matrix if csr.num_features == k else None
     n = csr.n_rows
-    if n == 0 or k == 0 or csr.nnz != n * k or k > 4096:
+    if n == 0 or k == 0 or csr.nnz != n * k or k > DENSE_MAX_FEATURES:
         return None
     cols = csr.indices.reshape(n, k)
     if not (
@@ -418,7 +431,12 @@ def loss_and_grad(
         raise ValueError("loss_and_grad: the batch has no labels")
     y = csr.labels
     w = np.ones(csr.n_rows) if csr.weights is None else csr.weights
-    if csr.nnz and int(csr.indices.max()) >= k:
+    if isinstance(csr, DenseBatch) and csr.num_features != k:
+        raise ValueError(
+            f"loss_and_grad: the batch has {csr.num_features} columns but {k} coefficients "
+            "were given"
+        )
+    if isinstance(csr, CSRBatch) and csr.nnz and int(csr.indices.max()) >= k:
         raise ValueError(
             f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
             "coefficients were given (is the batch localized?)"
