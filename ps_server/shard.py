@@ -222,9 +222,13 @@ def _server_function(name: str) -> Callable:
 
 
 def serve_shard(
-    index: int, host: str, port: int, token: str, workers: int = 16
+    index: int, host: str, port: int, token: str, workers: int = 64
 ) -> tuple[grpc.Server, int, ShardServicer]:
-    """Start a shard server; returns (server, bound port, servicer). Port 0 picks a free one."""
+    """Start a shard server; returns (server, bound port, servicer). Port 0 picks a free one.
+
+    `workers` threads: rendezvous calls (ps_server.functions.rendezvous) hold one each while
+    they wait for the other partitions of a job, so keep it above the number of workers.
+    """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
         interceptors=[TokenInterceptor(token)],
