@@ -225,7 +225,7 @@ def _finish_tree(s: dict, builder: TreeBuilder, tw: float) -> None:
 def boost(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """The ``boost`` command: grow trees until maxIter or early stopping (see module doc)."""
     s, p = ctx.state, cmd["params"]
-    s["_prof"] = defaultdict(float)
+    s.setdefault("_prof", defaultdict(float))
     m, built = s["n_trees"], None
     if m >= p["maxIter"] or early_stop(s["val_losses"], p["validationTol"])[0]:
         return  # a retried task of a fit that has already ended

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from dataclasses import asdict
 
 import numpy as np
+from pyspark.ml.functions import vector_to_array
 from pyspark.sql import functions as F
 
 from ps_server.keys import mix64
@@ -30,7 +32,7 @@ from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
 from spark_ps.ml._progress import Progress
-from spark_ps.ml.base import PreparedData
+from spark_ps.ml.base import PreparedData, _quote
 from spark_ps.ml.gbt.boost_worker import boost, early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
 from spark_ps.ml.tree.binning import (
@@ -70,8 +72,12 @@ def _setup(prepared: PreparedData):
     features, label, weight = prepared.features_col, prepared.label_col, prepared.weight_col
 
     def setup(batches, ctx: WorkerContext) -> None:
+        prof = ctx.state["_prof"] = defaultdict(float)
+        t0 = time.perf_counter()
         batches = list(batches)
+        t1 = time.perf_counter()
         csr = read_partition(batches, features, label_col=label, weight_col=weight)
+        t2 = time.perf_counter()
         flags = (
             np.concatenate(
                 [
@@ -97,6 +103,8 @@ def _setup(prepared: PreparedData):
             ids=_row_ids(X[tr], y[tr], w[tr]),
             num_features=csr.num_features,
         )
+        prof["arrow"], prof["csr"] = t1 - t0, t2 - t1
+        prof["dense"] = time.perf_counter() - t2
 
     return setup
 
@@ -235,16 +243,25 @@ def _fit_params(params: dict) -> dict:
 def _prepare(job: PSJob, ps, p) -> dict:
     """Set-up rounds: row counts, the merged sketch -> thresholds, binning; the boost command."""
     nw = job.num_workers
-    _, meta = job.call("meta", n_workers=nw)
+    t0 = time.perf_counter()
+    _, meta = job.call("meta", n_workers=nw)  # waits for the job to start and read its rows
+    t1 = time.perf_counter()
     meta = meta.reshape(nw, 4)
     n_rows, max_w = int(meta[:, 0].sum()), float(meta[:, 2].max())
     n_features = int(meta[:, 3].max())
     if n_rows == 0:
         raise ValueError("the training dataset is empty")
     thresholds = [t.tolist() for t in _thresholds(job, ps, n_rows, n_features, max_w, p)]
+    t2 = time.perf_counter()
     wexp = weight_exponent(max_w, n_rows)
     _, (hi, lo) = job.call("bin", thresholds=thresholds, loss=p.lossType, weight_exp=wexp)
     total_w = float(np.ldexp(float((int(hi) << 31) + int(lo)), -wexp))  # exact int sum
+    log.info(
+        "spark-ps GBT set-up: job start + read + meta %.3fs, sketch %.3fs, bin %.3fs",
+        t1 - t0,
+        t2 - t1,
+        time.perf_counter() - t2,
+    )
     return {
         "topic": f"{job.topic}/gbt",
         "n_parts": nw,
@@ -258,14 +275,25 @@ def _prepare(job: PSJob, ps, p) -> dict:
     }
 
 
+def _dense_rows(data: PreparedData):
+    """The rows with vectors as array<double>: workers densify every row anyway, and Spark
+    hands plain arrays to Arrow 6-10x faster than VectorUDT structs (measured: 262k x 24
+    dense rows, ~2.5 s vs ~25 s per partition on a loaded 2-core machine)."""
+    if data.features_kind != "vector":
+        return data.df
+    col = data.features_col
+    return data.df.withColumn(col, vector_to_array(F.col(_quote(col)), "float64"))
+
+
 def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | None = None):
     """The PS trainer of GBTClassifier/GBTRegressor (see spark_ps.ml.gbt.estimator)."""
     p = resolve_params(_fit_params(params))
     loss = get_loss(p.lossType)
-    df = data.df.withColumn(_VAL, F.lit(False))
+    df = _dense_rows(data).withColumn(_VAL, F.lit(False))
     if validation is not None:
-        df = df.unionByName(validation.df.withColumn(_VAL, F.lit(True)))
-    df = df.repartition(data.num_workers)
+        df = df.unionByName(_dense_rows(validation).withColumn(_VAL, F.lit(True)))
+    if validation is not None:  # (prepare_data already gave the training rows num_workers)
+        df = df.repartition(data.num_workers)
     ps = PSContext.getOrCreate(df.sparkSession)
     t0 = time.perf_counter()
     with PSJob(
@@ -284,6 +312,13 @@ def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | No
             ps.client.call("rendezvous.drop", [], {"topic": job.topic})
     hist["setup_seconds"] = t_setup
     hist["fit_seconds"] = time.perf_counter() - t0
+    log.info(
+        "spark-ps GBT: %.3fs (set-up %.3fs, trees %.3fs); worker 0 seconds: %s",
+        hist["fit_seconds"],
+        t_setup,
+        hist["fit_seconds"] - t_setup,
+        ", ".join(f"{k} {v:.3f}" for k, v in hist["worker_seconds"].items()),
+    )
     return trees, weights, cmd["n_features"], hist
 
 
