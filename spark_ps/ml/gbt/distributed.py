@@ -91,18 +91,19 @@ def _setup(prepared: PreparedData):
         X = csr.to_dense() if csr.n_rows else np.zeros((0, csr.num_features))
         w = csr.weights if csr.weights is not None else np.ones(csr.n_rows)
         y = csr.labels if csr.labels is not None else np.zeros(0)
-        tr = ~flags.astype(bool)
+        val = flags.astype(bool)
+        tr = slice(None) if not val.any() else ~val  # no copies without validation rows
         ctx.state.update(
             rows=csr.n_rows,
             X=X[tr],
             y=y[tr],
             w=w[tr],
-            Xv=X[~tr],
-            yv=y[~tr],
-            wv=w[~tr],
-            ids=_row_ids(X[tr], y[tr], w[tr]),
+            Xv=X[val],
+            yv=y[val],
+            wv=w[val],
             num_features=csr.num_features,
         )
+        ctx.state["ids"] = _row_ids(ctx.state["X"], ctx.state["y"], ctx.state["w"])
         prof["arrow"], prof["csr"] = t1 - t0, t2 - t1
         prof["dense"] = time.perf_counter() - t2
 
