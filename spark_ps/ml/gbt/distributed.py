@@ -70,9 +70,11 @@ def _row_ids(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _setup(prepared: PreparedData):
     features, label, weight = prepared.features_col, prepared.label_col, prepared.weight_col
+    submitted = time.time()
 
     def setup(batches, ctx: WorkerContext) -> None:
         prof = ctx.state["_prof"] = defaultdict(float)
+        prof["launch"] = time.time() - submitted  # job submitted -> this task reads its rows
         t0 = time.perf_counter()
         batches = list(batches)
         t1 = time.perf_counter()
