@@ -5,6 +5,7 @@ The limit is measured in the same run: the same bytes through a loopback TCP soc
 (memory bandwidth). Ratios are ours / limit. Run::
 
     python -m bench.ps --keys 1000000 --shards 1,2 --repeat 5
+    python -m bench.ps --keys 1000000 --shards 2 --repeat 3 --replicas 2   # cost of a backup
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat) -> list[list]:
     return rows
 
 
-def run(keys_n: int, shards: list[int], repeat: int) -> list[list]:
+def run(keys_n: int, shards: list[int], repeat: int, replicas: int = 1) -> list[list]:
     from spark_ps import PSContext
 
     rows = []
@@ -114,7 +115,7 @@ def run(keys_n: int, shards: list[int], repeat: int) -> list[list]:
     t_sock = loopback_seconds(payload, repeat)
     t_copy = _best(lambda: np.copy(values), repeat)
     for n in shards:
-        ps = PSContext.start(numShards=n)
+        ps = PSContext.start(numShards=n, replicas=replicas)
         try:
             rows += _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat)
         finally:
@@ -147,11 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--shards", default="1,2")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--replicas", type=int, default=1, help="2: every shard has a backup")
     args = p.parse_args(argv)
-    rows = run(args.keys, [int(s) for s in args.shards.split(",")], args.repeat)
+    rows = run(args.keys, [int(s) for s in args.shards.split(",")], args.repeat, args.replicas)
     print(
         f"PS throughput, {args.keys:,} keys x float64 per call (keys int64 + values = "
-        f"{args.keys * 16 / 1e6:.0f} MB), best of {args.repeat}"
+        f"{args.keys * 16 / 1e6:.0f} MB), best of {args.repeat}, replicas {args.replicas}"
     )
     cols = ["op", "shards", "Mkeys/s", "MB/s", "vs loopback socket", "vs numpy copy"]
     print(markdown_table([dict(zip(cols, r, strict=True)) for r in rows], cols))

@@ -32,6 +32,14 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="directory (or pyarrow.fs URI) that restarted shards restore from",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="processes per shard: 2 adds a backup that applies every update before it is "
+        "acknowledged and takes over when the primary dies (default 1: no replication)",
+    )
     p.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS (with --tls-key)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", default="", help="PEM CA the shards trust (default: the cert)")
@@ -50,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
             os.environ[env] = os.path.abspath(value)  # inherited by the shard processes
     from ps_server.service import run
 
-    run(args.host, args.port, args.shards, token, args.checkpoint_dir)
+    run(args.host, args.port, args.shards, token, args.checkpoint_dir, args.replicas)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,18 @@ from pyarrow import fs as pafs
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError
 
-__all__ = ["save_shard", "load_shard", "write_manifest", "latest_version", "restore_latest"]
+__all__ = [
+    "model_arrays",
+    "models_from_arrays",
+    "save_shard",
+    "load_shard",
+    "write_manifest",
+    "latest_version",
+    "restore_latest",
+]
 
 _VERSION = re.compile(r"^v(\d{6,})$")
+_MODEL = re.compile(r"^m\d+\.")
 
 
 def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -57,11 +66,11 @@ def _vdir(root: str, version: int) -> str:
     return f"{root}/v{version:06d}"
 
 
-def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, int]:
-    """Snapshot every model slice (weights and optimizer state) of one shard."""
-    filesystem, root = _fs(uri)
-    vdir = _vdir(root, version)
-    filesystem.create_dir(vdir, recursive=True)
+def model_arrays(models: dict) -> dict[str, np.ndarray]:
+    """Every model slice (spec, weights, optimizer state) as named plain arrays (no pickle).
+
+    Shared by checkpoints and by the snapshot a primary streams to a new backup.
+    """
     arrays: dict[str, np.ndarray] = {}
     for i, (_name, tensor) in enumerate(sorted(models.items())):
         with tensor.lock:
@@ -69,8 +78,34 @@ def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, i
         arrays[f"m{i}.spec"] = np.frombuffer(tensor.spec.SerializeToString(), dtype=np.uint8)
         for key, value in state.items():
             arrays[f"m{i}.{key}"] = np.asarray(value)
+    return arrays
+
+
+def models_from_arrays(data) -> dict:
+    """Tensors back from `model_arrays` output (a dict or an `np.load` result)."""
+    from ps_server.tensors import Tensor
+
+    names = list(data.keys()) if isinstance(data, dict) else data.files
+    models = {}
+    for prefix in sorted({k.split(".", 1)[0] for k in names if _MODEL.match(k)}):
+        spec = pb.ModelSpec()
+        spec.ParseFromString(data[f"{prefix}.spec"].tobytes())
+        state = {
+            k.split(".", 1)[1]: data[k]
+            for k in names
+            if k.startswith(prefix + ".") and k != f"{prefix}.spec"
+        }
+        models[spec.name] = Tensor.from_state(spec, state)
+    return models
+
+
+def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, int]:
+    """Snapshot every model slice (weights and optimizer state) of one shard."""
+    filesystem, root = _fs(uri)
+    vdir = _vdir(root, version)
+    filesystem.create_dir(vdir, recursive=True)
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **model_arrays(models))
     path = f"{vdir}/shard-{index}.npz"
     _write_atomic(filesystem, path, buf.getvalue())
     return path, buf.tell()
@@ -78,25 +113,12 @@ def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, i
 
 def load_shard(uri: str, version: int, index: int) -> dict:
     """Read one shard's slices of a sealed version back into Tensors."""
-    from ps_server.tensors import Tensor
-
     filesystem, root = _fs(uri)
     if not _sealed(filesystem, root, version):
         raise RequestError("NOT_FOUND", f"checkpoint {uri} v{version}: no manifest (torn?)")
     with filesystem.open_input_file(f"{_vdir(root, version)}/shard-{index}.npz") as f:
         data = np.load(io.BytesIO(f.read()), allow_pickle=False)
-    models = {}
-    prefixes = sorted({k.split(".", 1)[0] for k in data.files})
-    for prefix in prefixes:
-        spec = pb.ModelSpec()
-        spec.ParseFromString(data[f"{prefix}.spec"].tobytes())
-        state = {
-            k.split(".", 1)[1]: data[k]
-            for k in data.files
-            if k.startswith(prefix + ".") and k != f"{prefix}.spec"
-        }
-        models[spec.name] = Tensor.from_state(spec, state)
-    return models
+    return models_from_arrays(data)
 
 
 def write_manifest(uri: str, version: int, num_shards: int, extra: dict | None = None) -> None:

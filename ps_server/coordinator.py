@@ -29,7 +29,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def __init__(self, num_shards: int, on_shutdown: Callable[[], None] | None = None):
         self.cond = threading.Condition()
-        self.addresses = [""] * num_shards
+        self.addresses = [""] * num_shards  # the primaries (or solo shards) clients use
+        self.pids = [0] * num_shards  # process ids of the primaries
+        self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
+        self.joining: dict[int, tuple[str, int]] = {}  # index -> (address, pid) to seed
+        self.counters: dict[str, int] = defaultdict(int)  # recovery events (count())
         self.epoch = 0
         self.models: dict[str, pb.ModelSpec] = {}
         self.barriers: dict[str, tuple[int, set[str]]] = {}  # name -> (generation, arrived)
@@ -46,22 +50,75 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             return all(self.addresses)
 
+    def count(self, event: str, n: int = 1) -> None:
+        """Add `n` to the counter of a recovery event ("promotion", "resync", ...)."""
+        with self.cond:
+            self.counters[event] += n
+
+    def _map(self) -> pb.ShardMap:
+        return pb.ShardMap(addresses=self.addresses, epoch=self.epoch, backups=self.backups)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < len(self.addresses):
+            raise RequestError(
+                "OUT_OF_RANGE", f"shard index {index} not in [0, {len(self.addresses)})"
+            )
+
     @_guard
     def GetShardMap(self, request, context):
         with self.cond:
-            return pb.ShardMap(addresses=self.addresses, epoch=self.epoch)
+            return self._map()
 
     @_guard
     def RegisterShard(self, request, context):
+        """A primary (or solo shard) enters the map; a backup waits to be seeded."""
         with self.cond:
-            if not 0 <= request.index < len(self.addresses):
-                raise RequestError(
-                    "OUT_OF_RANGE", f"shard index {request.index} not in [0, {len(self.addresses)})"
-                )
-            self.addresses[request.index] = request.address
-            self.epoch += 1
+            self._check_index(request.index)
+            if request.backup:
+                self.joining[request.index] = (request.address, request.pid)
+            else:
+                self.addresses[request.index] = request.address
+                self.pids[request.index] = request.pid
+                self.backups[request.index] = ""  # a new primary starts without a backup
+                self.epoch += 1
             self.cond.notify_all()
-            return pb.ShardMap(addresses=self.addresses, epoch=self.epoch)
+            return self._map()
+
+    @_guard
+    def DropReplica(self, request, context):
+        """The primary of `index` could not update its backup: never promote that one."""
+        with self.cond:
+            self._check_index(request.index)
+            self.drop_backup(request.index, request.address)
+            return self._map()
+
+    def drop_backup(self, index: int, address: str) -> bool:
+        """Forget the backup `address` of `index` (if it still is the backup)."""
+        with self.cond:
+            if not address or self.backups[index] != address:
+                return False
+            self.backups[index] = ""
+            self.counters["backup_lost"] += 1
+            return True
+
+    def attach_backup(self, index: int, address: str, resync: bool = True) -> None:
+        """A seeded backup of `index` now receives every update (called by the supervisor)."""
+        with self.cond:
+            self.joining.pop(index, None)
+            self.backups[index] = address
+            self.counters["resync"] += int(resync)
+
+    def promote(self, index: int, pid: int) -> str:
+        """The backup of `index` (process `pid`) becomes its primary; returns its address."""
+        with self.cond:
+            address = self.backups[index]
+            if address:
+                self.addresses[index], self.backups[index] = address, ""
+                self.pids[index] = pid
+                self.epoch += 1
+                self.counters["promotion"] += 1
+                self.cond.notify_all()
+            return address
 
     @_guard
     def RegisterModel(self, request, context):

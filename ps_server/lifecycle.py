@@ -31,9 +31,9 @@ def die_with_parent() -> None:
 
 
 def register_with_coordinator(
-    address: str, token: str, index: int, own: str, timeout: float = 30.0
+    address: str, token: str, index: int, own: str, timeout: float = 30.0, backup: bool = False
 ) -> None:
-    """Tell the coordinator where shard `index` listens; retried until it answers."""
+    """Tell the coordinator where shard `index` (or a backup of it) listens; retried."""
     deadline = time.monotonic() + timeout
     from ps_server.tls import env_ca, open_channel
 
@@ -42,7 +42,9 @@ def register_with_coordinator(
         while True:
             try:
                 stub.RegisterShard(
-                    pb.RegisterShardRequest(index=index, address=own, pid=os.getpid()),
+                    pb.RegisterShardRequest(
+                        index=index, address=own, pid=os.getpid(), backup=backup
+                    ),
                     metadata=((TOKEN_KEY, token),),
                     timeout=5,
                 )

@@ -22,6 +22,8 @@ __all__ = [
     "AdaGrad",
     "Adam",
     "FTRL",
+    "ftrl_weights",
+    "ftrl_accumulate",
     "OPTIMIZERS",
     "make_optimizer",
 ]
@@ -193,6 +195,24 @@ class Adam(Optimizer):
         w[rows] = w[rows] - self.params["lr"] * m_hat / (np.sqrt(v_hat) + self.params["eps"])
 
 
+def ftrl_weights(
+    z: np.ndarray, n: np.ndarray, alpha: float, beta: float, l1: float, l2: float
+) -> np.ndarray:
+    """FTRL-proximal's closed-form weights from its per-coordinate state (z, n)."""
+    z = np.asarray(z, dtype=np.float64)
+    denom = (beta + np.sqrt(n)) / alpha + l2
+    return np.where(np.abs(z) <= l1, 0.0, -(z - np.sign(z) * l1) / denom)
+
+
+def ftrl_accumulate(
+    w: np.ndarray, z: np.ndarray, n: np.ndarray, g: np.ndarray, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """One FTRL-proximal state update for gradient ``g`` at weights ``w``: new (z, n)."""
+    n_new = n + g * g
+    sigma = (np.sqrt(n_new) - np.sqrt(n)) / alpha
+    return z + g - sigma * w, n_new
+
+
 class FTRL(Optimizer):
     """FTRL-proximal (McMahan et al., KDD 2013, Algorithm 1), per coordinate.
 
@@ -208,14 +228,9 @@ class FTRL(Optimizer):
     def _update(self, store: Store, rows: np.ndarray, g: np.ndarray) -> None:
         p = self.params
         w, zs, ns = store.slot("w"), store.slot("z"), store.slot("n")
-        n_old = ns[rows].astype(np.float64)
-        n_new = n_old + g * g
-        sigma = (np.sqrt(n_new) - np.sqrt(n_old)) / p["alpha"]
-        z = zs[rows] + g - sigma * w[rows]
-        zs[rows], ns[rows] = z, n_new
-        shrunk = z - np.sign(z) * p["l1"]
-        denom = (p["beta"] + np.sqrt(n_new)) / p["alpha"] + p["l2"]
-        w[rows] = np.where(np.abs(z) <= p["l1"], 0.0, -shrunk / denom)
+        z, n = ftrl_accumulate(w[rows], zs[rows], ns[rows].astype(np.float64), g, p["alpha"])
+        zs[rows], ns[rows] = z, n
+        w[rows] = ftrl_weights(z, n, p["alpha"], p["beta"], p["l1"], p["l2"])
 
 
 _CLASSES: dict[str, type[Optimizer]] = {

@@ -3,6 +3,13 @@
 A shard that dies is started again on a fresh port and re-registers (the shard
 map's epoch moves on, so clients re-resolve it); with a checkpoint directory it
 restores the newest sealed snapshot first.
+
+With ``replicas=2`` every index also has a backup process that applies every
+update before it is acknowledged (``ps_server.replica``). When a primary dies its
+backup is promoted instead (no update lost), and a new backup is started and
+seeded from the survivor before it joins. Only when both die is the shard
+restarted as above. Promotions, resyncs, lost backups and restarts are counted
+in the coordinator (`CoordinatorServicer.count`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import grpc
 from ps_server import lifecycle, tls
 from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
+from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.wire import TOKEN_KEY
 
 __all__ = ["Service", "READY_PREFIX"]
 
@@ -29,7 +38,7 @@ READY_PREFIX = "SPARK_PS_READY "
 
 
 class Service:
-    """Coordinator server + supervised shard processes."""
+    """Coordinator server + supervised shard processes (one or two replicas per index)."""
 
     def __init__(
         self,
@@ -39,16 +48,19 @@ class Service:
         token: str = "",
         checkpoint_dir: str = "",
         restart: bool = True,
+        replicas: int = 1,
     ):
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        if replicas not in (1, 2):
+            raise ValueError(f"replicas must be 1 (no replication) or 2, got {replicas}")
         if not token and not is_loopback(host):
             raise ValueError(
                 f"refusing to bind non-loopback address {host!r} without a token "
                 "(set SPARK_PS_TOKEN)"
             )
         self.host, self.token, self.num_shards = host, token, num_shards
-        self.checkpoint_dir, self.restart = checkpoint_dir, restart
+        self.checkpoint_dir, self.restart, self.replicas = checkpoint_dir, restart, replicas
         self.stop_event = threading.Event()
         self.coordinator = CoordinatorServicer(num_shards, on_shutdown=self.stop_event.set)
         self.server = grpc.server(
@@ -59,10 +71,17 @@ class Service:
         if self.port == 0:
             raise OSError(f"cannot bind coordinator to {host}:{port}")
         self.address = f"{host}:{self.port}"
-        self.procs: list[subprocess.Popen | None] = [None] * num_shards
+        self.procs: list[subprocess.Popen | None] = [None] * num_shards  # primaries
+        self.backups: list[subprocess.Popen | None] = [None] * num_shards
+        self.backup_addr = [""] * num_shards  # "" until the backup is seeded and attached
         self.restarts = 0
+        self._channels: dict[str, grpc.Channel] = {}
 
-    def _spawn(self, index: int) -> subprocess.Popen:
+    @property
+    def _primary_role(self) -> str:
+        return "solo" if self.replicas == 1 else "primary"
+
+    def _spawn(self, index: int, role: str) -> subprocess.Popen:
         cmd = [
             sys.executable,
             "-m",
@@ -73,8 +92,10 @@ class Service:
             self.address,
             "--host",
             self.host,
+            "--role",
+            role,
         ]
-        if self.checkpoint_dir:
+        if self.checkpoint_dir and role != "backup":
             cmd += ["--restore", self.checkpoint_dir]
         env = dict(os.environ, SPARK_PS_TOKEN=self.token)
         return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
@@ -82,57 +103,173 @@ class Service:
     def start(self, timeout: float = 60.0) -> None:
         self.server.start()
         for i in range(self.num_shards):
-            self.procs[i] = self._spawn(i)
+            self.procs[i] = self._spawn(i, self._primary_role)
+            if self.replicas == 2:
+                self.backups[i] = self._spawn(i, "backup")
         deadline = time.monotonic() + timeout
-        while not self.coordinator.ready():
+        while not (self.coordinator.ready() and all(self.backup_addr[: self._need_backups])):
             dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"PS shards {dead or 'all'} failed to start within {timeout}s")
+            if self.coordinator.ready() and self.replicas == 2:
+                for i in range(self.num_shards):
+                    self._tend_backup(i, resync=False)
             time.sleep(0.05)
 
+    @property
+    def _need_backups(self) -> int:
+        return self.num_shards if self.replicas == 2 else 0
+
     def supervise(self) -> None:
-        """Restart dead shards until stopped (or the parent goes away)."""
+        """Restart dead shards (or promote their backups) until stopped or orphaned."""
         parent = os.getppid()
         while not self.stop_event.wait(0.2):
             if os.getppid() != parent:
                 break
+            if not self.restart:
+                continue
             for i, p in enumerate(self.procs):
-                if p is not None and p.poll() is not None and self.restart:
-                    log.warning(
-                        "shard %d (pid %d) died with code %s; restarting%s",
-                        i,
-                        p.pid,
-                        p.returncode,
-                        f" from {self.checkpoint_dir}"
-                        if self.checkpoint_dir
-                        else " empty (no checkpoint directory)",
-                    )
-                    self.restarts += 1
-                    self.procs[i] = self._spawn(i)
+                if p is not None and p.poll() is not None:
+                    self._primary_died(i, p)
+                if self.replicas == 2:
+                    self._tend_backup(i)
         self.stop()
+
+    def _primary_died(self, i: int, p: subprocess.Popen) -> None:
+        """Promote a live attached backup (no update lost), else restart the shard."""
+        b, addr = self.backups[i], self.backup_addr[i]
+        if b is not None and b.poll() is None and addr and self.coordinator.backups[i] == addr:
+            try:
+                self._configure(addr, backup="")  # the backup takes over as a solo primary
+            except grpc.RpcError as e:
+                log.error("shard %d: promoting backup %s failed: %s", i, addr, e.details())
+            else:
+                self.coordinator.promote(i, b.pid)
+                log.warning(
+                    "shard %d: primary (pid %d) died with code %s; promoted its backup "
+                    "(pid %d, %s): no update lost; a new backup will be seeded from it",
+                    i,
+                    p.pid,
+                    p.returncode,
+                    b.pid,
+                    addr,
+                )
+                self.procs[i], self.backups[i], self.backup_addr[i] = b, None, ""
+                return
+        log.warning(
+            "shard %d (pid %d) died with code %s%s; restarting%s",
+            i,
+            p.pid,
+            p.returncode,
+            " and had no usable backup" if self.replicas == 2 else "",
+            f" from {self.checkpoint_dir}"
+            if self.checkpoint_dir
+            else " empty (no checkpoint directory)",
+        )
+        if b is not None:
+            self._discard_backup(i, "its primary died before it was usable")
+        self.restarts += 1
+        self.coordinator.count("restart")
+        self.procs[i] = self._spawn(i, self._primary_role)
+
+    def _tend_backup(self, i: int, resync: bool = True) -> None:
+        """Keep one seeded backup per index: start, seed and attach, or replace it."""
+        b, addr = self.backups[i], self.backup_addr[i]
+        if b is None:
+            self.backups[i] = self._spawn(i, "backup")
+            return
+        if b.poll() is not None:
+            self._discard_backup(i, f"died with code {b.returncode}")
+            return
+        if addr and self.coordinator.backups[i] != addr:
+            self._discard_backup(i, "was dropped by its primary (an update failed there)")
+            return
+        primary = self.procs[i]
+        with self.coordinator.cond:
+            joined = self.coordinator.joining.get(i)
+            ready = primary is not None and self.coordinator.pids[i] == primary.pid
+            target = self.coordinator.addresses[i]
+        if addr or not ready or joined is None or joined[1] != b.pid:
+            return
+        t = time.monotonic()
+        try:
+            nbytes = self._configure(target, backup=joined[0]).value
+        except grpc.RpcError as e:
+            log.warning("shard %d: seeding backup %s failed: %s", i, joined[0], e.details())
+            self._discard_backup(i, "could not be seeded")
+            return
+        self.coordinator.attach_backup(i, joined[0], resync)
+        self.backup_addr[i] = joined[0]
+        log.log(
+            logging.WARNING if resync else logging.INFO,
+            "shard %d: backup (pid %d, %s) %s from primary %s (%.1f MB snapshot, %.2fs)",
+            i,
+            b.pid,
+            joined[0],
+            "resynced" if resync else "seeded",
+            target,
+            nbytes / 1e6,
+            time.monotonic() - t,
+        )
+
+    def _discard_backup(self, i: int, why: str) -> None:
+        """Stop using (and stop) the backup of `i`; a fresh one is started next round."""
+        b, addr = self.backups[i], self.backup_addr[i]
+        log.warning("shard %d: backup (pid %d, %s) %s; replacing it", i, b.pid, addr or "-", why)
+        self.coordinator.drop_backup(i, addr)  # never promote it from now on
+        if b.poll() is None:
+            b.kill()
+            b.wait()
+        primary = self.procs[i]
+        if addr and primary is not None and primary.poll() is None:
+            try:
+                self._configure(self.coordinator.addresses[i], backup="")
+            except grpc.RpcError as e:  # it dropped the backup itself, or died too
+                log.info("shard %d: detaching the backup: %s", i, e.details())
+        self.backups[i], self.backup_addr[i] = None, ""
+
+    def _configure(self, address: str, backup: str) -> pb.Ack:
+        """Tell the shard at `address` to be a primary forwarding to `backup` ("" = none)."""
+        if address not in self._channels:
+            self._channels[address] = tls.open_channel(address, tls.env_ca())
+        stub = pb_grpc.ShardStub(self._channels[address])
+        return stub.Configure(
+            pb.ReplicaConfig(role="primary", backup=backup),
+            metadata=((TOKEN_KEY, self.token),),
+            timeout=300,
+        )
 
     def stop(self) -> None:
         self.stop_event.set()
-        for p in self.procs:
-            if p is not None and p.poll() is None:
+        procs = [p for p in self.procs + self.backups if p is not None]
+        for p in procs:
+            if p.poll() is None:
                 p.terminate()
-        for p in self.procs:
-            if p is not None:
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for ch in self._channels.values():
+            ch.close()
         self.server.stop(grace=0.5)
 
 
-def run(host: str, port: int, num_shards: int, token: str, checkpoint_dir: str = "") -> None:
+def run(
+    host: str,
+    port: int,
+    num_shards: int,
+    token: str,
+    checkpoint_dir: str = "",
+    replicas: int = 1,
+) -> None:
     """Start, announce readiness on stdout, supervise until told to stop."""
     import signal
 
     lifecycle.die_with_parent()
-    service = Service(host, port, num_shards, token, checkpoint_dir)
+    service = Service(host, port, num_shards, token, checkpoint_dir, replicas=replicas)
 
     def on_signal(signum, frame):
         service.stop_event.set()

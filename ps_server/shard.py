@@ -22,6 +22,7 @@ from ps_server import checkpoint, lifecycle, tls
 from ps_server.auth import TokenInterceptor
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.replica import MUTATIONS, Replica, digest, request_id
 from ps_server.tensors import Tensor
 from ps_server.wire import RequestError, from_array, guard, to_array
 
@@ -33,6 +34,65 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 _guard = guard(lambda self: f"shard {self.index}")
+_HANDLERS: dict[str, Callable] = {}  # undecorated handlers of MUTATIONS, for backups
+
+
+def _always(self, request) -> bool:
+    return True
+
+
+def _never(self, request) -> bool:
+    return False
+
+
+def _replicated(mutates: Callable[[object, object], bool] = _always) -> Callable:
+    """Route a client RPC through the shard's Replica (when replication is on).
+
+    A backup refuses it; a request for which `mutates(self, request)` holds is applied
+    once per request id and forwarded to the backup before it is answered.
+    """
+
+    def decorate(method: Callable) -> Callable:
+        name = method.__name__
+        if name in MUTATIONS:
+            _HANDLERS[name] = method
+
+        def wrapper(self, request, context):
+            rep = self.replica
+            if rep is None:
+                return method(self, request, context)
+            rep.check_serving()
+            if not mutates(self, request):
+                return method(self, request, context)
+            run = lambda: method(self, request, context)  # noqa: E731
+            return rep.apply(name, request, request_id(context), run)
+
+        wrapper.__name__ = name
+        return wrapper
+
+    return decorate
+
+
+def _pull_creates_rows(self, request) -> bool:
+    t = self.models.get(request.model)
+    return t is not None and t.spec.create_on_pull and not request.by_range
+
+
+_READ_ONLY_VECTOR_OPS = ("dot", "nrm2", "sum")
+
+
+def _vector_op_writes(self, request) -> bool:
+    return request.op not in _READ_ONLY_VECTOR_OPS
+
+
+def _call_writes(self, request) -> bool:
+    module, _, fn = request.function.partition(".")
+    if not module.isidentifier():
+        return True  # let the call itself report the bad name
+    try:
+        return fn not in getattr(_server_module(module), "READ_ONLY", ())
+    except RequestError:
+        return True  # let the call itself report the bad name
 
 
 class ShardServicer(pb_grpc.ShardServicer):
@@ -42,6 +102,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         self.index = index
         self.models: dict[str, Tensor] = {}
         self._lock = threading.Lock()
+        self.replica: Replica | None = None  # set when the service runs with --replicas 2
 
     def tensor(self, name: str) -> Tensor:
         t = self.models.get(name)
@@ -54,6 +115,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         return t
 
     @_guard
+    @_replicated()
     def CreateModel(self, request, context):
         spec = request.spec
         with self._lock:
@@ -73,15 +135,18 @@ class ShardServicer(pb_grpc.ShardServicer):
             return t.info()
 
     @_guard
+    @_replicated()
     def DropModel(self, request, context):
         with self._lock:
             return pb.Ack(value=int(self.models.pop(request.name, None) is not None))
 
     @_guard
+    @_replicated(_never)
     def ListModels(self, request, context):
         return pb.ModelList(models=[t.info() for t in list(self.models.values())])
 
     @_guard
+    @_replicated(_pull_creates_rows)
     def Pull(self, request, context):
         t = self.tensor(request.model)
         if request.by_range:
@@ -92,6 +157,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         return pb.PullResponse(values=to_array(t.pull(keys, request.slot)))
 
     @_guard
+    @_replicated()
     def Push(self, request, context):
         t = self.tensor(request.model)
         what = f"Push to {t.where} on shard {self.index}"
@@ -104,16 +170,19 @@ class ShardServicer(pb_grpc.ShardServicer):
         return pb.Ack(value=t.push(keys, values, request.op))
 
     @_guard
+    @_replicated()
     def Reduce(self, request, context):
         t = self.tensor(request.model)
         return pb.Ack(value=t.reduce(request.round, request.op, request.zero_first, request.how))
 
     @_guard
+    @_replicated(_vector_op_writes)
     def VectorOp(self, request, context):
         tensors = [self.tensor(n) for n in request.models]
         return pb.Scalar(value=vector_op(request, tensors))
 
     @_guard
+    @_replicated(_call_writes)
     def Call(self, request, context):
         fn = _server_function(request.function)
         tensors = [self.tensor(n) for n in request.models]
@@ -131,6 +200,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         return pb.CallResponse(result=json.dumps(result), arrays=[to_array(a) for a in out])
 
     @_guard
+    @_replicated(_never)
     def Checkpoint(self, request, context):
         with self._lock:
             models = dict(self.models)
@@ -138,6 +208,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         return pb.CheckpointResponse(path=path, nbytes=nbytes, num_models=len(models))
 
     @_guard
+    @_replicated()
     def Restore(self, request, context):
         models = checkpoint.load_shard(request.uri, request.version, self.index)
         with self._lock:  # models created since the snapshot are kept
@@ -153,6 +224,31 @@ class ShardServicer(pb_grpc.ShardServicer):
             nbytes=sum(t.store.nbytes for t in models),
             pid=os.getpid(),
         )
+
+    @_guard
+    def Replicate(self, request, context):
+        return self._replica().replicate(request, _HANDLERS)
+
+    @_guard
+    def Seed(self, request_iterator, context):
+        return pb.Ack(value=self._replica().seed(request_iterator))
+
+    @_guard
+    def Configure(self, request, context):
+        return pb.Ack(value=self._replica().configure(request))
+
+    @_guard
+    def Digest(self, request, context):
+        if self.replica is None:
+            return pb.DigestResponse(digest=digest(self.models), role="solo")
+        return self.replica.describe()
+
+    def _replica(self) -> Replica:
+        if self.replica is None:
+            raise RequestError(
+                "FAILED_PRECONDITION", f"shard {self.index}: replication is off (--replicas 1)"
+            )
+        return self.replica
 
 
 def vector_op(request: pb.VectorOpRequest, tensors: list[Tensor]) -> float:
@@ -209,16 +305,20 @@ def _server_function(name: str) -> Callable:
     module, _, fn = name.partition(".")
     if not module.isidentifier() or not fn:
         raise RequestError("INVALID_ARGUMENT", f"bad server function name {name!r}")
-    try:
-        mod = importlib.import_module(f"ps_server.functions.{module}")
-    except ImportError:
-        raise RequestError("NOT_FOUND", f"no server function module {module!r}") from None
+    mod = _server_module(module)
     table = getattr(mod, "SERVER_FUNCTIONS", {})
     if fn not in table:
         raise RequestError(
             "NOT_FOUND", f"unknown server function {name!r} (known: {', '.join(sorted(table))})"
         )
     return table[fn]
+
+
+def _server_module(module: str):
+    try:
+        return importlib.import_module(f"ps_server.functions.{module}")
+    except ImportError:
+        raise RequestError("NOT_FOUND", f"no server function module {module!r}") from None
 
 
 def serve_shard(
@@ -253,12 +353,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--restore", default="", help="checkpoint directory to restore from")
+    p.add_argument(
+        "--role",
+        choices=("solo", "primary", "backup"),
+        default="solo",
+        help="solo: no replication; primary/backup: one of two replicas of this index",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     lifecycle.die_with_parent()
     token = os.environ.get("SPARK_PS_TOKEN", "")
     server, port, servicer = serve_shard(args.index, args.host, args.port, token)
-    if args.restore:
+    if args.role != "solo":
+        servicer.replica = Replica(servicer, args.role, args.coordinator, token)
+    if args.restore and args.role != "backup":
         restored = checkpoint.restore_latest(args.restore, args.index)
         if restored is not None:
             servicer.models, version = restored
@@ -268,7 +376,9 @@ def main(argv: list[str] | None = None) -> None:
                 len(servicer.models),
                 version,
             )
-    lifecycle.register_with_coordinator(args.coordinator, token, args.index, f"{args.host}:{port}")
+    lifecycle.register_with_coordinator(
+        args.coordinator, token, args.index, f"{args.host}:{port}", backup=args.role == "backup"
+    )
     lifecycle.wait_for_parent_or_stop(server)
 
 

@@ -611,10 +611,18 @@ class Contributions:
         values = np.concatenate([v for _, v in items])
         return combine(keys, values)
 
-    def entries(self, round: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The (keys, values) contributions of a round in (part, chunk) order."""
+    def entries(
+        self, round: int, num_parts: int | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The (keys, values) contributions of a round in (part, chunk) order; with
+        ``num_parts``, only those of parts below it (a replay with fewer partitions)."""
         entries = self._rounds.get(int(round), {})
-        return [entries[pc] for pc in sorted(entries)]
+        return [entries[pc] for pc in sorted(entries) if num_parts is None or pc[0] < num_parts]
+
+    def items(self, round: int) -> list[tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]]]:
+        """((part, chunk), (keys, values)) of a round in (part, chunk) order (for snapshots)."""
+        entries = self._rounds.get(int(round), {})
+        return [(pc, entries[pc]) for pc in sorted(entries)]
 
     def drop(self, round: int) -> None:
         """Forget one round (no error if absent)."""

@@ -7,23 +7,33 @@ into JVM classes that pyspark does not expose.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from py4j.java_gateway import JavaObject
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["binary_lr_summary", "multiclass_lr_summary"]
+__all__ = [
+    "binary_lr_summary",
+    "multiclass_lr_summary",
+    "bridge_jar",
+    "ensure_bridge",
+    "call_bridge",
+    "wrap_java_model",
+    "add_executor_listener",
+]
 
 _CLASSIFICATION = "org.apache.spark.ml.classification"
+_PACKAGE = "io.sparkps.bridge"
+_JAR_NAME = "spark-ps-bridge.jar"
 
 
 def _jvm_class(dataframe: DataFrame, name: str):
     """The JVM class ``name`` in the gateway of ``dataframe``'s session."""
-    jvm = dataframe.sparkSession.sparkContext._jvm
-    if jvm is None:
-        raise RuntimeError("spark_ps needs a classic (JVM-backed) SparkSession, not Spark Connect")
-    return getattr(getattr(jvm, _CLASSIFICATION), name)
+    return getattr(getattr(_jvm(dataframe.sparkSession), _CLASSIFICATION), name)
 
 
 def binary_lr_summary(
@@ -59,3 +69,126 @@ def multiclass_lr_summary(
     return impl(
         predictions._jdf, probability_col, prediction_col, label_col, features_col, weight_col
     )
+
+
+# --- the bridge jar (io.sparkps.bridge): loading, calls, MLlib model wrapping ---
+
+
+def bridge_jar() -> Path:
+    """Path of the bridge jar shipped in the package (built by ``scripts/build_jar.sh``)."""
+    return Path(__file__).resolve().parent / "jars" / _JAR_NAME
+
+
+def _jvm(spark: SparkSession):
+    """The py4j gateway's JVM view of ``spark`` (classic sessions only)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("spark_ps needs a classic (JVM-backed) SparkSession, not Spark Connect")
+    return jvm
+
+
+def _loaded(jvm) -> bool:
+    from py4j.java_gateway import JavaClass
+
+    return isinstance(getattr(jvm, _PACKAGE).MLlibExport, JavaClass)
+
+
+def _add_to_driver_loader(jvm, jar: Path) -> bool:
+    """Add ``jar`` to the driver's context class loader if it takes URLs (spark-submit's
+    MutableURLClassLoader and its child-first variant do)."""
+    from py4j.protocol import Py4JError
+
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    if loader is None:
+        return False
+    try:
+        loader.addURL(jvm.java.io.File(str(jar)).toURI().toURL())
+    except Py4JError:  # no public addURL on this loader
+        return False
+    return True
+
+
+def ensure_bridge(spark: SparkSession) -> Any:
+    """The bridge's JVM package (``io.sparkps.bridge``) in ``spark``'s driver.
+
+    Raises
+    ------
+    RuntimeError
+        If the classes cannot be loaded; the message says how to put the jar on the classpath.
+    """
+    jvm = _jvm(spark)
+    if not _loaded(jvm):
+        jar = bridge_jar()
+        if not jar.is_file():
+            raise RuntimeError(
+                f"the spark-ps JVM bridge is not built: {jar} is missing. Run "
+                "scripts/build_jar.sh (needs Gradle; it installs it with apt-get if missing)"
+            )
+        if not (_add_to_driver_loader(jvm, jar) and _loaded(jvm)):
+            raise RuntimeError(
+                f"class {_PACKAGE}.MLlibExport is not on the driver's classpath. Start the "
+                f"session with .config('spark.jars', '{jar}') (or spark-submit --jars {jar}); "
+                "a jar added after the session started does not reach the driver's py4j "
+                "class loader"
+            )
+    return getattr(jvm, _PACKAGE)
+
+
+#: Buffers above this size go to the JVM through a temporary file, not py4j (which moves
+#: ``bytes`` at a few tens of MB/s); the driver JVM always shares the Python driver's host.
+_FILE_THRESHOLD = 1 << 20
+
+
+def _spill(args: tuple, tmp: Path) -> list:
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, bytes) and len(a) > _FILE_THRESHOLD:
+            path = tmp / f"array{i}.bin"
+            path.write_bytes(a)
+            a = str(path)
+        out.append(a)
+    return out
+
+
+def call_bridge(fn: Callable, *args: Any) -> Any:
+    """Call a bridge method; the JVM's IllegalArgumentException comes back as ValueError.
+
+    Large ``bytes`` arguments travel as temporary files (see ``LittleEndian.raw`` on the JVM).
+    pyspark turns an IllegalArgumentException into its own exception type; a plain py4j error
+    is handled too, for gateways without pyspark's converter.
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import IllegalArgumentException
+
+    with tempfile.TemporaryDirectory(prefix="spark-ps-export-") as tmp:
+        try:
+            return fn(*_spill(args, Path(tmp)))
+        except IllegalArgumentException as e:
+            raise ValueError(str(e).split("\n\nJVM stacktrace:")[0]) from None
+        except Py4JJavaError as e:
+            if e.java_exception.getClass().getName() == "java.lang.IllegalArgumentException":
+                raise ValueError(str(e.java_exception.getMessage())) from None
+            raise
+
+
+def wrap_java_model(py_cls, java_model, params: Mapping[str, Any] | None):
+    """The pyspark.ml wrapper of ``java_model`` with ``params`` set on both sides."""
+    model = py_cls(java_model)
+    model._transfer_params_from_java()
+    if params:
+        model._set(**dict(params))
+        model._transfer_params_to_java()
+    return model
+
+
+def add_executor_listener(spark: SparkSession, address: str, token: str) -> bool:
+    """Register the bridge's ExecutorListener with a running SparkContext.
+
+    It tells the PS coordinator when executors come and go (lost executors are dropped
+    from clocks and barriers). Returns False when the bridge jar is not built.
+    """
+    if not bridge_jar().is_file():
+        return False
+    listener = ensure_bridge(spark).ExecutorListener(address, token)
+    spark.sparkContext._jsc.sc().addSparkListener(listener)
+    return True

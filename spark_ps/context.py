@@ -13,6 +13,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.numShards``     embedded shards (default: one per core)
 ``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
 ``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from
+``spark.ps.replicas``      embedded processes per shard: 2 adds a synchronous backup
+                           that takes over when its primary dies (default 1)
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
 ``spark.ps.rpcTimeout``    seconds per PS call (default 120)
 ``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
@@ -45,6 +47,7 @@ _DEFAULTS = {
     "numShards": str(os.cpu_count() or 1),
     "host": "127.0.0.1",
     "checkpointDir": "",
+    "replicas": "1",
     "startTimeout": "60",
     "rpcTimeout": "120",
     "maxMessageMB": "4",
@@ -186,6 +189,9 @@ class PSContext:
     @classmethod
     def _start_embedded(cls, spark, conf: dict, token: str, kw: dict) -> PSContext:
         shards = int(_conf(spark, "numShards", conf))
+        replicas = _conf(spark, "replicas", conf)
+        if replicas not in ("1", "2"):
+            raise ValueError(f"spark.ps.replicas must be 1 or 2, got {replicas!r}")
         host = _conf(spark, "host", conf)
         cmd = [
             sys.executable,
@@ -197,6 +203,8 @@ class PSContext:
             "0",
             "--shards",
             str(shards),
+            "--replicas",
+            replicas,
             "--log-level",
             "WARNING",
         ]
@@ -239,7 +247,7 @@ class PSContext:
         from pyspark.sql import SparkSession
 
         try:
-            from spark_ps.ml.export import add_executor_listener
+            from spark_ps._jvm import add_executor_listener
 
             spark = (
                 SparkSession(sc)

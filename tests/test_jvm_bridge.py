@@ -241,19 +241,20 @@ def test_sparse_lr_export_stays_sparse_and_matches_numpy(spark, bridge):
 
 def test_large_coefficient_arrays_cross_intact(spark, bridge, monkeypatch):
     """Arrays above the py4j threshold travel through a temporary file; nothing is lost."""
+    from spark_ps import _jvm
     from spark_ps.ml import export
 
     sent: list = []
-    spill = export._spill
+    spill = _jvm._spill
 
     def recording_spill(args, tmp):
         sent.append(spill(args, tmp))
         return sent[-1]
 
-    monkeypatch.setattr(export, "_spill", recording_spill)
+    monkeypatch.setattr(_jvm, "_spill", recording_spill)
     rng = np.random.default_rng(5)
     w = rng.normal(size=300_000)  # 2.4 MB > the 1 MiB threshold
-    assert w.nbytes > export._FILE_THRESHOLD
+    assert w.nbytes > _jvm._FILE_THRESHOLD
     dense = export.lr_to_mllib(spark, "lr_big", w, -0.25)
     np.testing.assert_array_equal(dense.coefficients.toArray(), w)
     assert isinstance(sent[-1][1], str) and sent[-1][1].endswith(".bin")  # went as a file

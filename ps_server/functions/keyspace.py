@@ -30,3 +30,5 @@ def number(tensors, args: dict, arrays: list[np.ndarray]):
 
 
 SERVER_FUNCTIONS = {"count": count, "number": number}
+#: functions that change no state (replicated shards do not forward them)
+READ_ONLY = ("count",)

@@ -44,3 +44,5 @@ def lincomb(tensors, args: dict, arrays: list[np.ndarray]):
 
 
 SERVER_FUNCTIONS = {"dots": dots, "lincomb": lincomb}
+#: functions that change no state (replicated shards do not forward them)
+READ_ONLY = ("dots",)

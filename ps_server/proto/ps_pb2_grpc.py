@@ -89,6 +89,26 @@ class ShardStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_unary(
+                '/spark_ps.Shard/Replicate',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ReplicateResponse.FromString,
+                _registered_method=True)
+        self.Seed = channel.stream_unary(
+                '/spark_ps.Shard/Seed',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.SeedChunk.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.Configure = channel.unary_unary(
+                '/spark_ps.Shard/Configure',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.ReplicaConfig.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.Digest = channel.unary_unary(
+                '/spark_ps.Shard/Digest',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.DigestResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -160,6 +180,30 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Seed(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Configure(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Digest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +261,26 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.Empty.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.HealthResponse.SerializeToString,
+            ),
+            'Replicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ReplicateRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'Seed': grpc.stream_unary_rpc_method_handler(
+                    servicer.Seed,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.SeedChunk.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'Configure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Configure,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ReplicaConfig.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'Digest': grpc.unary_unary_rpc_method_handler(
+                    servicer.Digest,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.Empty.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.DigestResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -526,6 +590,114 @@ class Shard:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Shard/Replicate',
+            ps__server_dot_proto_dot_ps__pb2.ReplicateRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Seed(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/spark_ps.Shard/Seed',
+            ps__server_dot_proto_dot_ps__pb2.SeedChunk.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Configure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Shard/Configure',
+            ps__server_dot_proto_dot_ps__pb2.ReplicaConfig.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Digest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Shard/Digest',
+            ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.DigestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class CoordinatorStub:
     """Missing associated documentation comment in .proto file."""
@@ -600,6 +772,11 @@ class CoordinatorStub:
                 '/spark_ps.Coordinator/Shutdown',
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
+        self.DropReplica = channel.unary_unary(
+                '/spark_ps.Coordinator/DropReplica',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.RegisterShardRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
                 _registered_method=True)
 
 
@@ -684,6 +861,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DropReplica(self, request, context):
+        """A primary whose backup failed drops it before acknowledging anything more.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -751,6 +935,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.Empty.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
+            ),
+            'DropReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropReplica,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.RegisterShardRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1104,6 +1293,33 @@ class Coordinator:
             '/spark_ps.Coordinator/Shutdown',
             ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/DropReplica',
+            ps__server_dot_proto_dot_ps__pb2.RegisterShardRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,16 +5,20 @@ Array contract (written once, every method points here): keys are 1-D int64 in
 [n, cols]. Keys may repeat: a pull deduplicates them before sending, a push sums
 the values of equal keys before sending. Each call sends one request per shard
 (chunked below `max_message_bytes`), all shards concurrently, and retries with
-backoff when a shard is unavailable (restarting), re-resolving the shard map.
+backoff when a shard is unavailable (restarting, or its backup being promoted),
+re-resolving the shard map. Every shard request carries an id that its retries
+reuse, so a replicated PS applies a retried mutation once (`ps_server.replica`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import threading
 import time
+import uuid
 
 import grpc
 import numpy as np
@@ -22,6 +26,7 @@ import numpy as np
 from ps_server.keys import combine, dedup, is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.replica import REQUEST_ID_KEY
 from ps_server.tls import open_channel
 from ps_server.wire import TOKEN_KEY, from_array, to_array
 from spark_ps.client.spec import TensorSpec
@@ -70,6 +75,7 @@ class PSClient:
         self.token, self.tls_ca = token, tls_ca
         self.max_message_bytes = max_message_bytes
         self._md = ((TOKEN_KEY, token),)
+        self._rid_prefix, self._rids = uuid.uuid4().hex[:16], itertools.count()
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         self.coordinator = pb_grpc.CoordinatorStub(self._channel(address))
@@ -88,6 +94,7 @@ class PSClient:
         smap = self._coord("GetShardMap", pb.Empty())
         self.epoch = smap.epoch
         self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
+        self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
 
     @property
     def num_shards(self) -> int:
@@ -106,16 +113,23 @@ class PSClient:
                 time.sleep(0.2)
 
     def _fanout(self, rpc: str, requests: list[tuple[int, object]]) -> list:
-        """Send (shard, request) pairs concurrently; retry unavailable shards with backoff."""
+        """Send (shard, request) pairs concurrently; retry unavailable shards with backoff.
+
+        A retry resends the request with its first attempt's id (`REQUEST_ID_KEY`).
+        """
         results: list = [None] * len(requests)
         pending = list(range(len(requests)))
+        mds = [
+            (*self._md, (REQUEST_ID_KEY, f"{self._rid_prefix}-{next(self._rids)}"))
+            for _ in requests
+        ]
         deadline, delay = time.monotonic() + self.retry_seconds, 0.1
         while pending:
             futures = [
                 (
                     i,
                     getattr(self.shards[requests[i][0]], rpc).future(
-                        requests[i][1], metadata=self._md, timeout=self.timeout
+                        requests[i][1], metadata=mds[i], timeout=self.timeout
                     ),
                 )
                 for i in pending
@@ -404,6 +418,18 @@ class PSClient:
 
     def health(self) -> list[pb.HealthResponse]:
         return self._fanout("Health", [(s, pb.Empty()) for s in range(self.num_shards)])
+
+    def replica_digests(self) -> list[tuple[pb.DigestResponse, pb.DigestResponse | None]]:
+        """(primary, backup) state digests per shard: equal digests = identical replicas."""
+        self.refresh()
+        primaries = self._fanout("Digest", [(s, pb.Empty()) for s in range(self.num_shards)])
+        backups = [
+            pb_grpc.ShardStub(self._channel(a)).Digest(pb.Empty(), metadata=self._md, timeout=60)
+            if a
+            else None
+            for a in self.backups
+        ]
+        return list(zip(primaries, backups, strict=True))
 
     # ------------------------------------------------------------ control plane
     def barrier(self, name: str, worker: str, count: int, timeout: float = 600.0) -> None:

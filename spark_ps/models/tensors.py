@@ -63,6 +63,7 @@ class PSTensor:
         init_scale: float = 0.0,
         seed: int = 0,
         create_on_pull: bool = False,
+        exist_ok: bool = False,
     ) -> PSTensor:
         ctx = _context(context)
         spec = TensorSpec(
@@ -79,7 +80,7 @@ class PSTensor:
             opt_params=tuple(sorted((k, float(v)) for k, v in opt_params.items())),
             create_on_pull=create_on_pull,
         )
-        ctx.client.create(spec)
+        ctx.client.create(spec, exist_ok=exist_ok)
         return cls(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
 
     @property
@@ -167,8 +168,10 @@ class PSVector(PSTensor):
         dtype: str = "float64",
         optimizer: str | None = None,
         context=None,
+        exist_ok: bool = False,
         **opt_params: float,
     ) -> PSVector:
+        """A lazily grown int64-keyed vector; ``exist_ok`` attaches to an identical one."""
         return cls._create(
             "sparse",
             dim,
@@ -178,6 +181,7 @@ class PSVector(PSTensor):
             optimizer=optimizer,
             context=context,
             opt_params=opt_params,
+            exist_ok=exist_ok,
         )
 
     def like(self, name: str | None = None) -> PSVector:
@@ -247,8 +251,10 @@ class PSMatrix(PSTensor):
         dtype: str = "float64",
         optimizer: str | None = None,
         context=None,
+        exist_ok: bool = False,
         **opt_params: float,
     ) -> PSMatrix:
+        """Lazily grown int64-keyed rows; ``exist_ok`` attaches to an identical matrix."""
         return cls._create(
             "sparse",
             rows,
@@ -258,6 +264,7 @@ class PSMatrix(PSTensor):
             optimizer=optimizer,
             context=context,
             opt_params=opt_params,
+            exist_ok=exist_ok,
         )
 
 

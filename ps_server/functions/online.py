@@ -1,0 +1,79 @@
+"""Exactly-once commits of streaming micro-batches, run inside a PS shard.
+
+Imports only numpy: this module is loaded by shard processes.
+
+Each task of micro-batch ``b`` pushes its FTRL state increments ``(dz, dn)`` as the
+exactly-once contribution ``(round=b, part=p)`` of the state tensor (a replayed task
+replaces its earlier push). ``commit`` then adds the contributions of parts ``< parts`` to
+the state and records ``b`` in the shard's ledger, under the state's lock; a batch already
+in the ledger is never added again, so a replayed micro-batch (the query restarted before
+Spark logged the batch as done) changes nothing. The ledger is an int64 sparse tensor
+whose *local* rows are the applied batch ids of this shard (it is read only through
+``applied``, never pulled by key); it lives in PS checkpoints like any tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ps_server.keys import combine
+
+__all__ = ["SERVER_FUNCTIONS"]
+
+
+def _tag(args: dict) -> int:
+    return int(args.get("tag", 1))
+
+
+def commit(tensors, args: dict, arrays: list[np.ndarray]):
+    """tensors = [state, ledger]; args = {round, parts, tag}. Returns whether it applied."""
+    state, ledger = tensors
+    round_, parts = int(args["round"]), int(args["parts"])
+    key = np.array([round_], dtype=np.int64)
+    n_keys = 0
+    with state.lock, ledger.lock:
+        done = ledger.store.locate(key)[0] >= 0
+        if not done:
+            entries = state.contributions.entries(round_, num_parts=parts)
+            if entries:
+                keys = np.concatenate([k for k, _ in entries])
+                values = np.concatenate([v for _, v in entries])
+                keys, values = combine(keys, values)
+                state.store.add(keys, values.astype(state.store.dtype, copy=False))
+                n_keys = int(keys.size)
+            ledger.store.assign(key, np.array([[_tag(args)]], dtype=ledger.store.dtype))
+        state.contributions.drop_before(round_ + 1)
+    return {"applied": not done, "keys": n_keys}, []
+
+
+def applied(tensors, args: dict, arrays: list[np.ndarray]):
+    """tensors = [ledger]: this shard's applied batch ids (sorted) and their tags."""
+    ledger = tensors[0]
+    with ledger.lock:
+        keys = np.array(ledger.store.all_keys(), dtype=np.int64)
+        tags = np.array(ledger.store.gather(keys), dtype=np.int64).reshape(-1)
+    order = np.argsort(keys)
+    return {"count": int(keys.size)}, [keys[order], tags[order]]
+
+
+def discard(tensors, args: dict, arrays: list[np.ndarray]):
+    """tensors = [state]: forget the pending contributions of one round (a failed batch)."""
+    state = tensors[0]
+    with state.lock:
+        state.contributions.drop(int(args["round"]))
+    return {}, []
+
+
+def footprint(tensors, args: dict, arrays: list[np.ndarray]):
+    """tensors = [state]: rows held and bytes used on this shard."""
+    state = tensors[0]
+    with state.lock:
+        return {"rows": int(state.store.num_rows), "nbytes": int(state.store.nbytes)}, []
+
+
+SERVER_FUNCTIONS = {
+    "commit": commit,
+    "applied": applied,
+    "discard": discard,
+    "footprint": footprint,
+}
