@@ -19,7 +19,7 @@ from ps_server.functions.gbt import SPLIT_DTYPE, best_splits
 from ps_server.functions.rendezvous import RENDEZVOUS, check_step_args
 from ps_server.wire import RequestError
 
-__all__ = ["SERVER_FUNCTIONS", "decode_splits", "layer_splits"]
+__all__ = ["READ_ONLY", "SERVER_FUNCTIONS", "decode_splits", "layer_splits"]
 
 
 def _check_part(args: dict, arrays: list[np.ndarray]) -> tuple[np.ndarray, int]:
@@ -109,3 +109,4 @@ def decode_splits(raw: np.ndarray) -> np.ndarray:
 
 
 SERVER_FUNCTIONS = {"splits": layer_splits}
+READ_ONLY = ("splits",)  # rendezvous state only, no model state (see rendezvous.READ_ONLY)

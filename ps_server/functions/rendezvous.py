@@ -24,7 +24,14 @@ import numpy as np
 
 from ps_server.wire import RequestError
 
-__all__ = ["Rendezvous", "RENDEZVOUS", "SERVER_FUNCTIONS", "check_step_args", "gather"]
+__all__ = [
+    "Rendezvous",
+    "RENDEZVOUS",
+    "READ_ONLY",
+    "SERVER_FUNCTIONS",
+    "check_step_args",
+    "gather",
+]
 
 _MAX_WAIT = 60.0
 
@@ -146,3 +153,8 @@ def drop(tensors, args: dict, arrays: list[np.ndarray]):
 
 
 SERVER_FUNCTIONS = {"gather": gather, "drop": drop}
+# No model state is touched: with replication these calls are not serialized under the
+# replica's mutation lock (a waiting call would hold it) nor sent to the backup. A shard
+# that dies mid-job loses its steps; workers then fail their call, Spark retries the stage,
+# and the retried tasks replay from the last tree the driver read (the steps recompute).
+READ_ONLY = ("gather", "drop")
