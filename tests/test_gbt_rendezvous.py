@@ -114,3 +114,25 @@ def test_bad_histograms_are_refused_by_name(ps):
         ps.client.call("gbt_layer.splits", [], args, [[bad, np.array([0])]], shards=[0])
     with pytest.raises(PSError, match="part 3 of n_parts 1"):
         ps.client.call("rendezvous.gather", [], {**args, "part": 3}, [[np.zeros(1)]], shards=[0])
+
+
+def test_a_step_that_failed_is_tried_afresh_after_a_replay(ps):
+    """A shard that lost the previous layer (restarted) refuses the step by name; once the
+    retried tasks replay the tree from its root, the same step succeeds."""
+    rng = np.random.default_rng(1)
+    topic, kw = _topic(), {"min_instances_per_node": 1, "min_info_gain": 0.0}
+    kw.update(min_weight_per_node=0.0, scale=[0.0, 0, 10])
+    root = _hist(rng, 1, 3, 4)
+    below = dict(parent_slots=[0], small_is_left=[True], pick=[0, 0], pick_left=[True, False])
+
+    def call(step, hist, extra):
+        args = {"topic": topic, "step": step, "part": 0, "n_parts": 1, "n_slots": 1}
+        args.update(n_bins=4, split_kw=kw, **extra)
+        return ps.client.call("gbt_layer.splits", [], args, [[hist, np.array([0])]], shards=[0])
+
+    with pytest.raises(PSError, match=r"previous layer's histograms \(step 4\)"):
+        call(5, root // 2, below)
+    call(4, root, {})  # the replay: the root again
+    ((meta, arrays),) = call(5, root // 2, below)
+    assert meta == {"pending": False} and decode_splits(arrays[0]).size == 2
+    ps.client.call("rendezvous.drop", [], {"topic": topic})

@@ -61,9 +61,12 @@ class Rendezvous:
     ) -> tuple[bool, Any]:
         """Leave `value` as `part`'s share of step `key`; (True, answer) once all `n_parts`
         are in (`compute(parts)` runs once, on the completing call), (False, None) if the
-        set is still incomplete after `wait` seconds."""
+        set is still incomplete after `wait` seconds. If `compute` raises, the callers
+        waiting then get the error and the step starts afresh with the next call."""
         deadline = time.monotonic() + min(max(float(wait), 0.0), _MAX_WAIT)
         with self._cond:
+            if key in self._done and not self._done[key][0]:
+                del self._done[key]  # a failed step is tried afresh (e.g. by a replay)
             if key not in self._done:
                 parts = self._parts.setdefault(key, {})
                 parts[part] = value
@@ -71,7 +74,7 @@ class Rendezvous:
                     del self._parts[key]
                     try:
                         self._done[key] = (True, compute(parts))
-                    except Exception as e:  # noqa: BLE001 - every caller of the step gets it
+                    except Exception as e:  # noqa: BLE001 - every waiting caller gets it
                         self._done[key] = (False, e)
                     self._cond.notify_all()
             while key not in self._done:
