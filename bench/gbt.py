@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
+    p.add_argument(
+        "--profile", action="store_true", help="print spark-ps's per-phase timings of each fit"
+    )
     return p.parse_args(argv)
 
 
@@ -109,39 +112,44 @@ def fit_mllib(data: dict, trees: int, depth: int, args: argparse.Namespace, cls:
 
 
 def fit_lightgbm(data: dict, trees: int, depth: int, args: argparse.Namespace):
-    """LightGBM with the shared settings; fit time includes its binning, as MLlib's does."""
+    """LightGBM with the shared settings; fit time includes its binning, as MLlib's does.
+
+    The native API (``lgb.train``): the sklearn wrapper would need scikit-learn.
+    """
     import lightgbm as lgb
 
-    model = lgb.LGBMClassifier(
-        n_estimators=trees,
-        max_depth=depth,
-        num_leaves=2**depth,
-        max_bin=args.max_bins,
-        learning_rate=args.step_size,
-        n_jobs=args.threads,
-        verbose=-1,
-    )
+    params = {
+        "objective": "binary",
+        "max_depth": depth,
+        "num_leaves": 2**depth,
+        "max_bin": args.max_bins,
+        "learning_rate": args.step_size,
+        "num_threads": args.threads,
+        "verbose": -1,
+    }
     with Timer() as t:
-        model.fit(data["X_train"], data["y_train"])
-    scores = model.predict_proba(data["X_test"])[:, 1]
-    return t.elapsed, auc(data["y_test"], scores)
+        booster = lgb.train(params, lgb.Dataset(data["X_train"], data["y_train"]), trees)
+    return t.elapsed, auc(data["y_test"], booster.predict(data["X_test"]))
 
 
 def fit_xgboost(data: dict, trees: int, depth: int, args: argparse.Namespace):
-    """XGBoost (hist) with the shared settings; fit time includes DMatrix construction."""
+    """XGBoost (hist) with the shared settings; fit time includes DMatrix construction.
+
+    The native API (``xgb.train``): the sklearn wrapper would need scikit-learn.
+    """
     import xgboost as xgb
 
-    model = xgb.XGBClassifier(
-        n_estimators=trees,
-        max_depth=depth,
-        max_bin=args.max_bins,
-        learning_rate=args.step_size,
-        tree_method="hist",
-        n_jobs=args.threads,
-    )
+    params = {
+        "objective": "binary:logistic",
+        "max_depth": depth,
+        "max_bin": args.max_bins,
+        "eta": args.step_size,
+        "tree_method": "hist",
+        "nthread": args.threads,
+    }
     with Timer() as t:
-        model.fit(data["X_train"], data["y_train"])
-    scores = model.predict_proba(data["X_test"])[:, 1]
+        booster = xgb.train(params, xgb.DMatrix(data["X_train"], data["y_train"]), trees)
+    scores = booster.predict(xgb.DMatrix(data["X_test"]))
     return t.elapsed, auc(data["y_test"], scores)
 
 
@@ -203,6 +211,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run every config with every implementation; print one markdown table per config."""
     args = parse_args(argv)
     impls = parse_impls(args.impl, IMPLS)
+    if args.profile:
+        import logging
+
+        logging.basicConfig(format="  %(message)s")
+        logging.getLogger("spark_ps.ml.gbt").setLevel(logging.INFO)
     configs = parse_configs(args.configs)
     if args.omp_wait_policy != "inherit":  # read when libgomp loads: before lightgbm import
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()

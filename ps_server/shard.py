@@ -343,14 +343,16 @@ def serve_shard(
     host: str,
     port: int,
     token: str,
-    workers: int = 16,
+    workers: int = 64,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_MB << 20,
     memory_budget: int = 0,
 ) -> tuple[grpc.Server, int, ShardServicer]:
     """Start a shard server; returns (server, bound port, servicer). Port 0 picks a free one.
 
     Requests over `max_request_bytes` are refused; `memory_budget` (bytes, 0 = none)
-    caps what all models on this shard may hold.
+    caps what all models on this shard may hold. `workers` threads: rendezvous calls
+    (ps_server.functions.rendezvous) hold one each while they wait for the other partitions
+    of a job, so keep it above the number of workers.
     """
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),

@@ -92,3 +92,24 @@ def test_to_mllib_round_trip_through_stock_load(spark_ps, data, tmp_path):
     lr.toMLlib().save(str(tmp_path / "lr"))
     stock_lr = MLlibLRModel.load(str(tmp_path / "lr"))
     np.testing.assert_allclose(_probs(stock_lr, data), _probs(lr, data), rtol=1e-12)
+
+
+def test_sparse_vectors_train_the_trees_of_their_dense_rows(spark_ps, data):
+    """Sparse input: workers get every row densified, so sparse and dense spellings of the
+    same rows (mixed in one column) give the same trees and predictions."""
+    rows = data.select("label", "features").collect()
+    mixed = [
+        (r.label, Vectors.sparse(r.features.size, {i: v for i, v in enumerate(r.features) if v}))
+        if i % 2
+        else (r.label, r.features)
+        for i, r in enumerate(rows)
+    ]
+    sparse = spark_ps[0].createDataFrame(mixed, ["label", "features"])
+    assert sum(1 for _, v in mixed if type(v).__name__ == "SparseVector") == len(rows) // 2
+    params = dict(maxIter=3, maxDepth=3, seed=5)
+    dense_model = GBTClassifier(**params).fit(data)
+    sparse_model = GBTClassifier(**params).fit(sparse)
+    assert (
+        sparse_model.toDebugString.split("\n", 1)[1] == dense_model.toDebugString.split("\n", 1)[1]
+    )
+    np.testing.assert_array_equal(_probs(sparse_model, sparse), _probs(dense_model, data))

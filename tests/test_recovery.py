@@ -119,12 +119,13 @@ def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(spark, ckpt_ps, m
     gbt = GBTClassifier(maxIter=5, maxDepth=4, seed=3, numWorkers=2, checkpointInterval=2)
     clean = gbt.fit(df)
     before = ckpt_ps.metrics()
-    killed = _kill_at(monkeypatch, ckpt_ps, boundary=2, after_rounds=2)  # inside tree 2
+    # the workers grow trees on their own: when the driver reads tree 1 they are inside tree 2
+    killed = _kill_at(monkeypatch, ckpt_ps, boundary=2)
     restarted = gbt.fit(df)
     assert killed
     after = {k: v - before.get(k, 0) for k, v in ckpt_ps.metrics().items()}
-    assert after["restart"] == 1 and after["restore"] == 1
-    assert after["checkpoint"] >= 2  # trees 0 and 2 (4 unless the kill undid one)
+    assert after["restart"] == 1  # the retried barrier stage resumed from the trees read
+    assert after["checkpoint"] >= 2  # at trees 2 and 4
     assert restarted.toDebugString.split("\n", 1)[1] == clean.toDebugString.split("\n", 1)[1]
     np.testing.assert_array_equal(restarted.treeWeights, clean.treeWeights)
 

@@ -44,25 +44,37 @@ def _wait_for_backups(ps, timeout: float = 60.0) -> None:
 
 @pytest.fixture
 def kill_primary_at(monkeypatch, replicated):
-    """kill_primary_at(op, {n: shard}): SIGKILL shard's primary right after the n-th `op`."""
+    """kill_primary_at(op, {n: shard}): SIGKILL shard's primary right after the n-th `op`
+    the driver posts, or (op "tree") right after it reads the n-th finished tree of a GBT
+    fit, whose workers grow the trees without driver commands."""
     killed: list[int] = []
 
     def arm(op: str, plan: dict[int, int]) -> list[int]:
-        original = _job.PSJob.command
+        original, original_wait = _job.PSJob.command, _job.PSJob.wait_posted
         seen = [0]
+
+        def maybe_kill():
+            if seen[0] in plan:
+                _wait_for_backups(replicated)  # the previous kill's resync is done
+                pid = replicated.client.health()[plan[seen[0]]].pid
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            seen[0] += 1
 
         def command(self, name, **payload):
             r = original(self, name, **payload)
             if name == op:
-                if seen[0] in plan:
-                    _wait_for_backups(replicated)  # the previous kill's resync is done
-                    pid = replicated.client.health()[plan[seen[0]]].pid
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                seen[0] += 1
+                maybe_kill()
+            return r
+
+        def wait_posted(self, topic):
+            r = original_wait(self, topic)
+            if op == "tree" and "/tree/" in topic:
+                maybe_kill()
             return r
 
         monkeypatch.setattr(_job.PSJob, "command", command)
+        monkeypatch.setattr(_job.PSJob, "wait_posted", wait_posted)
         return killed
 
     return arm
@@ -97,9 +109,9 @@ def test_gbt_fit_with_a_killed_primary_grows_the_clean_trees(spark, replicated, 
     data = spark.createDataFrame(
         [(float(y[i]), Vectors.dense(X[i])) for i in range(n)], ["label", "features"]
     ).cache()
-    gbt = GBTClassifier(maxIter=4, maxDepth=3, seed=7)
+    gbt = GBTClassifier(maxIter=8, maxDepth=3, seed=7)
     clean = gbt.fit(data)
-    killed = kill_primary_at("hist", {4: 1})
+    killed = kill_primary_at("tree", {1: 1})  # workers are growing tree 2 or later
     faulted = gbt.fit(data)
     assert len(killed) == 1
     assert _structure(faulted) == _structure(clean)

@@ -402,11 +402,16 @@ class PSClient:
         specs: list[TensorSpec],
         args: dict | None = None,
         arrays: list[list[np.ndarray]] | None = None,
+        *,
+        shards: list[int] | None = None,
     ) -> list[tuple[dict, list[np.ndarray]]]:
-        """Run server function `function` on every shard; arrays[s] go to shard s."""
-        n = specs[0].num_shards if specs else self.num_shards
-        for s in range(n) if arrays else ():  # Call requests are not chunked
-            self._check_size(sum(np.asarray(a).nbytes for a in arrays[s]), "Call", s)
+        """Run server function `function` on every shard (or on `shards`, in that order);
+        arrays[i] go to the i-th of them."""
+        if shards is None:
+            shards = list(range(specs[0].num_shards if specs else self.num_shards))
+        for i, s in enumerate(shards) if arrays else ():  # Call requests are not chunked
+            self._check_size(sum(np.asarray(a).nbytes for a in arrays[i]), "Call", s)
+        text = json.dumps(args or {})
         resps = self._fanout(
             "Call",
             [
@@ -415,11 +420,11 @@ class PSClient:
                     pb.CallRequest(
                         function=function,
                         models=[x.name for x in specs],
-                        args=json.dumps(args or {}),
-                        arrays=[to_array(a) for a in (arrays[s] if arrays else [])],
+                        args=text,
+                        arrays=[to_array(a) for a in (arrays[i] if arrays else [])],
                     ),
                 )
-                for s in range(n)
+                for i, s in enumerate(shards)
             ],
         )
         return [

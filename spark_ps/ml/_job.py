@@ -67,6 +67,7 @@ class WorkerContext:
         self._token = token
         self.topic, self.part, self.attempt = topic, part, attempt
         self.state: dict[str, Any] = {}
+        self._fault_counts: dict[str, int] = {}
 
     def tensor(self, name: str):
         """The handle of PS tensor `name` (looked up once per worker process)."""
@@ -78,6 +79,47 @@ class WorkerContext:
             cls = PSVector if spec.cols == 1 else PSMatrix
             _TENSORS[key] = cls(spec, self.client.address, self._token, self._tls_ca)
         return _TENSORS[key]
+
+    def rendezvous(
+        self, function: str, args: dict, arrays: list[list] | None = None, shards=None
+    ) -> list[list[np.ndarray]]:
+        """Call blocking server function `function` (see ps_server.functions.rendezvous) as
+        this partition on `shards` (default all; arrays[i] go to the i-th) until each one
+        has answered; returns every shard's arrays, in the order of `shards`."""
+        shards = list(range(self.client.num_shards)) if shards is None else list(shards)
+        args = dict(args, part=self.part)
+        out: dict[int, list[np.ndarray]] = {}
+        todo = list(range(len(shards)))
+        while todo:  # a "pending" shard waited its fill without the others: ask it again
+            res = self.client.call(
+                function,
+                [],
+                args,
+                [arrays[i] for i in todo] if arrays is not None else None,
+                shards=[shards[i] for i in todo],
+            )
+            for i, (meta, arr) in zip(todo, res, strict=True):
+                if not meta.get("pending"):
+                    out[i] = arr
+            todo = [i for i in todo if i not in out]
+        return [out[i] for i in range(len(shards))]
+
+    def fault_point(self, op: str) -> None:
+        """Chaos hook inside a long command: die at this partition's `nth` `op` if a test
+        asked for it (`inject_failure_once`); the retried attempt finds the marker and goes on."""
+        fault = (self.state.get("_faults") or {}).get(op)
+        if fault is None:
+            return
+        n = self._fault_counts[op] = self._fault_counts.get(op, -1) + 1
+        if (
+            n == fault["count"]
+            and fault["part"] == self.part
+            and not os.path.exists(fault["marker"])
+        ):
+            open(fault["marker"], "w").close()
+            if fault.get("kill_executor"):
+                _kill_executor_jvm(fault["marker"])
+            raise RuntimeError(f"injected failure of partition {self.part} at {op} #{n}")
 
     def contribute(self, round_: int, values) -> None:
         """This partition's scalars for `round_` (a retry replaces them)."""
@@ -125,6 +167,7 @@ def run_worker_loop(
             if handler is None:
                 raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
             ctx.state["_fault"] = cmd.get("_fault")
+            ctx.state["_faults"] = cmd.get("_faults")
             _serve(handler, ctx, round_, cmd)
             last = round_
         rows = int(ctx.state.get("rows", 0))
@@ -166,8 +209,9 @@ def inject_failure_once(
     op: str, nth: int, part: int, marker: str, kill_executor: bool = False
 ) -> None:
     """Chaos hook for tests: partition `part` dies once in the `nth` (0-based) `op` round
-    of the next fits, after its pushes and before its contribution. `marker` is a file
-    path that records the failure (so the retried attempt goes on); clear with
+    of the next fits, after its pushes and before its contribution (or, for an op a long
+    command reaches through `WorkerContext.fault_point`, at its `nth` such point). `marker`
+    is a file path that records the failure (so the retried attempt goes on); clear with
     `clear_failures()`. With `kill_executor`, the task SIGKILLs its executor's JVM."""
     _FAULTS[op] = {"count": nth, "part": part, "marker": marker, "kill_executor": kill_executor}
 
@@ -245,6 +289,8 @@ class PSJob:
             fault["count"] -= 1
         if self.restarts is not None:
             payload["_restarts"] = self.restarts
+        if _FAULTS:  # for fault points inside long commands (WorkerContext.fault_point)
+            payload["_faults"] = {k: dict(v) for k, v in _FAULTS.items()}
         self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
         return self.round
 
@@ -285,6 +331,16 @@ class PSJob:
         """After a rollback: post `state` and have every worker rebuild from it."""
         self.post_state(state)
         self.call("rewind")
+
+    def wait_posted(self, topic: str) -> dict:
+        """What a worker posted on `topic` (its first round); raises if the Spark job died."""
+        while True:
+            self._check()
+            try:
+                return self.ps.client.wait(topic, 1, timeout=2.0)[1]
+            except Exception as e:  # noqa: BLE001 - a timeout: check the job and wait again
+                if "timed out" not in str(e):
+                    raise
 
     def call(self, op: str, **payload) -> tuple[int, np.ndarray]:
         """`command` then `collect`: one synchronous round."""

@@ -44,10 +44,13 @@ class FitRecovery:
     """Checkpoints of one fit (`job`) and its rollback after a shard restart.
 
     `ps_state`: the fit's model lives on the PS between boundaries (LR), so a rollback
-    needs a checkpoint; otherwise (GBT) the last boundary's driver state is enough.
+    needs a checkpoint; otherwise the last boundary's driver state is enough.
+    `watch=False`: only checkpoint at boundaries, never roll back (GBT: its workers grow
+    trees on their own, so a shard restart fails their rendezvous, Spark retries the
+    barrier stage and the retried tasks resume from the trees the driver has read).
     """
 
-    def __init__(self, job, interval: int, *, ps_state: bool, what: str):
+    def __init__(self, job, interval: int, *, ps_state: bool, what: str, watch: bool = True):
         self.job, self.ps, self.what = job, job.ps, what
         self.uri = getattr(self.ps, "checkpoint_dir", "") or ""
         self.interval, self.ps_state = int(interval), ps_state
@@ -55,7 +58,8 @@ class FitRecovery:
         self.iteration = 0  # the last boundary reached
         self.saved: int | None = None  # the boundary of the newest checkpoint
         self.last: tuple[int, dict] | None = None  # (boundary, state) in memory
-        job.restarts = self.ps.client.shard_restarts()
+        if watch:
+            job.restarts = self.ps.client.shard_restarts()
 
     @property
     def enabled(self) -> bool:

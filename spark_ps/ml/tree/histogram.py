@@ -160,26 +160,22 @@ def build_histograms(
     if rows.size and slot_of_row[rows].max() >= n_slots:
         raise ValueError(f"slot_of_row has a slot >= n_slots={n_slots}")
     every_row = rows.size == n
-    base = slot_of_row[rows].astype(np.intp) * n_bins
+    base = slot_of_row[rows].astype(np.intp) * n_bins if n_slots > 1 else None
     q = row_stats if every_row else row_stats[:, rows]
     size = n_slots * n_bins
-    hist = np.zeros((n_slots, f, n_bins, 4), dtype=np.int64)
-    acc = np.zeros(size, dtype=np.int64)
+    out = np.zeros((f, 4, size), dtype=np.int64)  # contiguous per (feature, stat)
     first = STAT_SUM if unit_weight is not None else STAT_WEIGHT
-    for j in range(f):
+    for j in range(f):  # loop over features: whole-array numpy per column
         col = bins[:, j] if every_row else bins[:, j][rows]  # 1-D take: 2x faster
-        idx = base + col
-        if idx.size and int(col.max()) >= n_bins:
+        if col.size and int(col.max()) >= n_bins:
             raise ValueError(f"feature {j} has bin {int(col.max())} >= n_bins={n_bins}")
-        counts = np.bincount(idx, minlength=size)
-        hist[:, j, :, STAT_COUNT] = counts.reshape(n_slots, n_bins)
+        idx = col.astype(np.intp) if base is None else base + col
+        out[j, STAT_COUNT] = np.bincount(idx, minlength=size)
         if unit_weight is not None:
-            hist[:, j, :, STAT_WEIGHT] = (counts * unit_weight).reshape(n_slots, n_bins)
+            np.multiply(out[j, STAT_COUNT], unit_weight, out=out[j, STAT_WEIGHT])
         for k in range(first, 4):
-            acc[:] = 0
-            np.add.at(acc, idx, q[k - 1])  # exact int64 accumulation (bincount is float-only)
-            hist[:, j, :, k] = acc.reshape(n_slots, n_bins)
-    return hist
+            np.add.at(out[j, k], idx, q[k - 1])  # exact int64 (bincount is float-only)
+    return out.reshape(f, 4, n_slots, n_bins).transpose(2, 0, 3, 1).copy()
 
 
 def node_totals(hist: np.ndarray) -> np.ndarray:

@@ -28,8 +28,8 @@ __all__ = [
 def log1p_exp(x: np.ndarray) -> np.ndarray:
     """``log(1 + exp(x))`` without overflow, with MLlib's branch (``MLUtils.log1pExp``)."""
     x = np.asarray(x, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        return np.where(x > 0, x + np.log1p(np.exp(-np.abs(x))), np.log1p(np.exp(np.minimum(x, 0))))
+    # x > 0: x + log1p(exp(-x)); else 0.0 + log1p(exp(x)): the same bits, one exp and log1p
+    return np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,247 @@
+"""The workers' boosting loop: every worker grows the whole ensemble, the driver only reads.
+
+One ``boost`` command starts it. Per tree, every worker
+
+1. computes its rows' pseudo-residuals and all-gathers (``rendezvous.gather`` on shard 0)
+   their bounds together with its weighted losses of the trees so far — one step that both
+   fixes the tree's fixed-point scale and reports the previous tree's losses (and decides
+   early stopping, the same way on every worker);
+2. per layer, builds the fixed-point histograms of the smaller child of each split and sends
+   each shard its features' share in ONE blocking call (``gbt_layer.splits``): the shard
+   keeps it as the exactly-once contribution of (tree, layer, partition) and answers with
+   the best splits once every partition's share is in;
+3. applies the splits to its own :class:`TreeBuilder` (all workers see the same answers, so
+   they build the same tree), routes its rows, and goes on.
+
+Partition 0 posts each finished tree with its losses on the round board
+(``<topic>/tree/<m>``); the driver reads them for the model, the progress line and the
+resume state. A retried task rebuilds its predictions from the trees in that state and
+replays the rest: a step the shards already answered is answered again from their cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import numpy as np
+
+from ps_server.functions.gbt import merge_best
+from ps_server.functions.gbt_layer import decode_splits
+from ps_server.keys import range_bounds
+from spark_ps.ml._job import WorkerContext
+from spark_ps.ml.tree.binning import row_uniform
+from spark_ps.ml.tree.histogram import (
+    FixedPointScale,
+    build_histograms,
+    choose_scale,
+    quantize_rows,
+    unit_weight,
+)
+from spark_ps.ml.tree.local import TreeBuilder, features_per_node, route_rows
+
+__all__ = ["boost", "compute_targets", "early_stop", "route", "start_tree", "tree_topic"]
+
+_WAIT = 10.0  # seconds a shard holds a rendezvous call before answering "pending"
+
+
+def tree_topic(topic: str, m: int) -> str:
+    """Board topic on which partition 0 posts finished tree `m`."""
+    return f"{topic}/tree/{m}"
+
+
+def early_stop(val_losses: list[float], tol: float) -> tuple[bool, int]:
+    """MLlib's validation rule replayed over the losses so far: (stop now?, best #trees).
+
+    Stop when the error improves by less than ``tol * max(error, 0.01)`` on the best one.
+    """
+    best_err, best_m = 0.0, 1
+    for m, err in enumerate(val_losses):  # loop over trees (a few hundred at most)
+        if m == 0:
+            best_err = err
+        elif best_err - err < tol * max(err, 0.01):
+            return True, best_m
+        elif err < best_err:
+            best_err, best_m = err, m + 1
+    return False, best_m
+
+
+def compute_targets(s: dict, tree: int) -> np.ndarray:
+    """Pseudo-residuals of tree `tree` (the labels for tree 0, as MLlib does)."""
+    t = s["labels"] if tree == 0 else -s["loss"].gradient(s["pred"], s["labels"])
+    s["targets"] = t
+    return t
+
+
+def start_tree(s: dict, scale, seed: int, rate: float) -> None:
+    """Quantize this tree's row statistics and put every row in the root."""
+    n = s["y"].size
+    scale = FixedPointScale(*scale)
+    s["row_stats"] = quantize_rows(s["targets"], s["w"], scale)
+    s["unit"] = unit_weight(s["w"], scale)
+    s["in_sample"] = row_uniform(s["ids"], seed) < rate if rate < 1.0 else np.ones(n, bool)
+    s["node"] = np.zeros(n, dtype=np.int32)
+    s["vnode"] = np.zeros(s["yv"].size, dtype=np.int32)
+
+
+def route(s: dict, routing) -> None:
+    """Move the training and validation rows one layer down (``TreeBuilder.routing()``)."""
+    arrays = [np.asarray(a, dtype=np.int32) for a in routing[:4]]
+    now = np.asarray(routing[4], dtype=bool)
+    s["node"] = route_rows(s["bins"], s["node"], *arrays, now)
+    if s["vbins"] is not None:
+        s["vnode"] = route_rows(s["vbins"], s["vnode"], *arrays, now)
+
+
+@contextmanager
+def _timed(s: dict, phase: str):
+    """Add this block's wall seconds to the worker's per-phase profile."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        s["_prof"][phase] += time.perf_counter() - t0
+
+
+def _gather(ctx: WorkerContext, cmd: dict, m: int, values: list[float]) -> np.ndarray:
+    """Every partition's `values` for tree `m`'s start, stacked in partition order."""
+    args = {"topic": f"{cmd['topic']}/start", "step": m, "n_parts": cmd["n_parts"]}
+    args["wait"] = _WAIT
+    with _timed(ctx.state, "gather"):
+        (out,) = ctx.rendezvous("rendezvous.gather", args, [[np.asarray(values)]], shards=[0])
+    return out[0]
+
+
+def _losses(s: dict) -> list[float]:
+    """Weighted loss sums and weights of the current predictions (train, validation)."""
+    err = float(np.dot(s["loss"].error(s["pred"], s["labels"]), s["w"]))
+    out = [err, float(s["w"].sum()), 0.0, 0.0]
+    if s["vbins"] is not None:
+        verr = float(np.dot(s["loss"].error(s["vpred"], s["vlabels"]), s["wv"]))
+        out[2:] = [verr, float(s["wv"].sum())]
+    return out
+
+
+def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, plan, kw):
+    """Send every shard its features' histograms; the merged best split per open node."""
+    bounds = range_bounds(hist.shape[1], ctx.client.num_shards)
+    shards = [i for i in range(bounds.size - 1) if bounds[i + 1] > bounds[i]]
+    args = {"topic": f"{cmd['topic']}/layer", "step": step, "n_parts": cmd["n_parts"]}
+    args.update(wait=_WAIT, n_slots=hist.shape[0], n_bins=hist.shape[2], split_kw=kw)
+    if plan is not None:
+        args.update(
+            parent_slots=plan.parent_slots.tolist(),
+            small_is_left=plan.small_is_left.tolist(),
+            pick=plan.pick.tolist(),
+            pick_left=plan.pick_left.tolist(),
+        )
+    mask = builder.feature_mask()
+    if mask is not None:
+        args["feature_mask"] = mask.astype(int).tolist()
+    parts = [
+        [np.ascontiguousarray(hist[:, bounds[i] : bounds[i + 1]]), np.array([bounds[i]])]
+        for i in shards
+    ]
+    with _timed(ctx.state, "splits"):
+        out = ctx.rendezvous("gbt_layer.splits", args, parts, shards)
+    return merge_best([decode_splits(arrays[0]) for arrays in out])
+
+
+def grow_tree(ctx: WorkerContext, cmd: dict, m: int, scale) -> TreeBuilder:
+    """Grow tree `m` layer by layer with the shards; rows end in the builder's leaves."""
+    s, p = ctx.state, cmd["params"]
+    builder = TreeBuilder(
+        cmd["thresholds"],
+        scale,
+        max_depth=p["maxDepth"],
+        min_instances_per_node=p["minInstancesPerNode"],
+        min_info_gain=p["minInfoGain"],
+        min_weight_per_node=cmd["min_w"],
+        features_per_node=features_per_node(p["featureSubsetStrategy"], cmd["n_features"]),
+        seed=p["seed"] + m,
+    )
+    kw = dict(builder.split_kw, scale=list(scale))
+    with _timed(s, "quantize"):
+        start_tree(s, scale, p["seed"] + m, p["subsamplingRate"])
+    layer = 0
+    while not builder.done:
+        plan = builder.histogram_plan()
+        if layer:
+            with _timed(s, "route"):
+                route(s, builder.routing())
+        with _timed(s, "histograms"):
+            n_slots = 1 if plan is None else plan.n_slots
+            slot_of_node = np.zeros(1, np.int32) if plan is None else plan.slot_of_node
+            slot = np.where(s["in_sample"], slot_of_node[s["node"]], -1)
+            hist = build_histograms(
+                s["bins"], slot, s["row_stats"], n_slots, cmd["n_bins"], unit_weight=s["unit"]
+            )
+        ctx.fault_point("hist")  # tests kill a task here: its histograms may be in or not
+        step = m * (p["maxDepth"] + 1) + layer
+        builder.apply(_layer_splits(ctx, cmd, step, hist, builder, plan, kw))
+        layer += 1
+    return builder
+
+
+def _post_tree(ctx, cmd, m: int, builder: TreeBuilder, tw: float, sums, last: bool) -> None:
+    """Partition 0 tells the driver about finished tree `m` and its losses."""
+    s = ctx.state
+    s["_prof"]["trees"] = m + 1
+    payload = {
+        "tree": builder.finish().to_dict(),
+        "weight": tw,
+        "train_loss": sums[0] / sums[1],
+        "validation_loss": sums[2] / sums[3] if s["vbins"] is not None else None,
+        "last": last,
+        "worker_seconds": dict(s["_prof"]),
+    }
+    ctx.client.post(tree_topic(cmd["topic"], m), 1, payload)
+
+
+def _tree_done(ctx, cmd, m: int, built, g: np.ndarray) -> bool:
+    """Tree `m - 1` is in every prediction: record its losses, post it, decide on stopping
+    (every worker sees the same gathered sums, so every worker decides the same)."""
+    s, p = ctx.state, cmd["params"]
+    sums = g[:, 2:].sum(axis=0)  # partition order: the same on every worker
+    has_val = s["vbins"] is not None
+    if has_val:
+        s["val_losses"].append(sums[2] / sums[3])
+    last = m >= p["maxIter"] or (has_val and early_stop(s["val_losses"], p["validationTol"])[0])
+    if ctx.part == 0:
+        _post_tree(ctx, cmd, m - 1, *built, sums, last)
+    return last
+
+
+def _finish_tree(s: dict, builder: TreeBuilder, tw: float) -> None:
+    """Rows to their leaves; predictions += tree weight * leaf value."""
+    route(s, builder.routing())
+    values = builder.node_values()
+    s["pred"] = s["pred"] + values[s["node"]] * tw
+    if s["vbins"] is not None:
+        s["vpred"] = s["vpred"] + values[s["vnode"]] * tw
+
+
+def boost(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """The ``boost`` command: grow trees until maxIter or early stopping (see module doc)."""
+    s, p = ctx.state, cmd["params"]
+    s.setdefault("_prof", defaultdict(float))
+    m, built = s["n_trees"], None
+    if m >= p["maxIter"] or early_stop(s["val_losses"], p["validationTol"])[0]:
+        return  # a retried task of a fit that has already ended
+    while True:
+        with _timed(s, "targets"):
+            t = compute_targets(s, m)
+            lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)
+            losses = _losses(s)
+        g = _gather(ctx, cmd, m, [-lo, hi, *losses])
+        if built is not None and _tree_done(ctx, cmd, m, built, g):
+            return
+        lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())
+        scale = choose_scale(lo, hi, cmd["max_w"], cmd["n_rows"])
+        builder = grow_tree(ctx, cmd, m, scale)
+        tw = 1.0 if m == 0 else p["stepSize"]
+        with _timed(s, "finish"):
+            _finish_tree(s, builder, tw)
+        built, m = (builder, tw), m + 1
+        s["n_trees"] = m
