@@ -7,11 +7,9 @@ application in a subprocess, the first one without the bridge on its classpath a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_jobs import result_of, run_script, spark_submit
 
 ROOT = Path(__file__).resolve().parents[1]
 JAR = ROOT / "spark_ps" / "jars" / "spark-ps-bridge.jar"
@@ -372,22 +371,10 @@ _LOAD_SCRIPT = textwrap.dedent(
 )
 
 
-def _run_script(script: str, *args: str, timeout: float = 300) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(ROOT),
-    )
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, f"script failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT ") :])
-
 
 def test_saved_exports_load_with_stock_mllib_in_a_fresh_application(exported):
     d = exported["dir"]
-    result = _run_script(_LOAD_SCRIPT, str(d))
+    result = run_script(_LOAD_SCRIPT, str(d))
     assert result["bridge_on_classpath"] is False  # loaded by stock MLlib alone
     for name in ("lr", "mlr", "gbt"):
         assert result[name]["uid"] == exported["models"][name].uid
@@ -566,7 +553,7 @@ _PLUGIN_SCRIPT = textwrap.dedent(
 
 
 def test_plugin_starts_a_ps_hands_it_out_and_stops_it(bridge_jar):
-    r = _run_script(_PLUGIN_SCRIPT, str(bridge_jar))
+    r = run_script(_PLUGIN_SCRIPT, str(bridge_jar))
     assert r["address"].startswith("127.0.0.1:") and r["token_set"]
     assert r["ps_address"] == r["address"] and r["ps_embedded"] is False
     assert r["pulled"] == [1.0, 2.0, 3.0, 4.5]
@@ -660,29 +647,14 @@ def test_spark_submit_plugin_listener_survives_a_killed_executor(bridge_jar, own
     tells the coordinator, the peer is released, and the job finishes."""
     job = tmp_path / "job.py"
     job.write_text(_KILL_JOB)
-    submit = Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit"
-    cmd = [
-        str(submit),
-        "--master",
-        "local-cluster[2,1,1024]",
-        "--jars",
-        str(bridge_jar),
-        "--conf",
-        "spark.plugins=io.sparkps.bridge.PSPlugin",
-        "--conf",
-        f"spark.ps.address={own_ps.address}",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.task.maxFailures=4",
-        str(job),
-        str(tmp_path),
-    ]
+    conf = {
+        "spark.plugins": "io.sparkps.bridge.PSPlugin",
+        "spark.ps.address": own_ps.address,
+        "spark.ui.enabled": "false",
+        "spark.task.maxFailures": "4",
+    }
     env = dict(os.environ, SPARK_PS_TOKEN=own_ps.token)  # the token stays off the command line
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, f"job failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-    r = json.loads(lines[-1][len("RESULT ") :])
+    r = result_of(spark_submit(job, tmp_path, conf=conf, jars=(bridge_jar,), env=env))
     by_index = {t[0]: t for t in r["tasks"]}
     killed = r["killed"]["executor"]
     assert by_index[0][1] != killed  # the peer ran on the other executor
@@ -699,25 +671,11 @@ def test_spark_submit_example_job_trains_on_the_plugin_started_ps(bridge_jar, tm
 
     if not (data_dir() / "flights-3m.parquet").exists():
         pytest.skip(f"no flights data under {data_dir()}")
-    submit = Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit"
-    cmd = [
-        str(submit),
-        "--master",
-        "local[2]",
-        "--jars",
-        str(bridge_jar),
-        "--conf",
-        "spark.plugins=io.sparkps.bridge.PSPlugin",
-        "--conf",
-        "spark.ui.enabled=false",
-        str(ROOT / "examples" / "flights_lr.py"),
-        "--fraction",
-        "0.02",
-        "--max-iter",
-        "5",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=tmp_path)
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-6000:]}"
+    conf = {"spark.plugins": "io.sparkps.bridge.PSPlugin", "spark.ui.enabled": "false"}
+    example = ROOT / "examples" / "flights_lr.py"
+    args = ("--fraction", "0.02", "--max-iter", "5")
+    jars = (bridge_jar,)
+    done = spark_submit(example, *args, master="local[2]", conf=conf, jars=jars, cwd=tmp_path)
     fit = [ln for ln in done.stdout.splitlines() if ln.startswith("spark-ps ")]
     assert fit and "iterations   5" in fit[0] and "test AUC 0." in fit[0], done.stdout
     assert "external" in done.stdout  # PSContext connected to the PS the plugin started

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_jobs import result_of, spark_submit
 from pyspark.ml.linalg import Vectors
 
 from ps_server.checkpoint import latest_version, load_shard, read_manifest, sealed_versions
@@ -259,31 +260,16 @@ def test_gbt_fit_survives_a_sigkilled_executor_jvm_with_identical_trees(tmp_path
     """local-cluster[2,1,1024]: a worker task SIGKILLs its own executor JVM in the middle of
     a tree; Spark reruns the barrier stage on a new executor, the retried tasks rebuild
     their memory from the posted state, and the trees equal the clean run's."""
-    import json
-    import subprocess
 
     job = tmp_path / "job.py"
     job.write_text(_EXECUTOR_KILL_JOB)
-    submit = Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit"
-    cmd = [
-        str(submit),
-        "--master",
-        "local-cluster[2,1,1024]",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.task.maxFailures=4",
-        "--conf",
-        "spark.ps.numShards=2",
-        "--conf",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval=2s",
-        str(job),
-        str(tmp_path),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, f"job failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-    r = json.loads(lines[-1][len("RESULT ") :])
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.task.maxFailures": "4",
+        "spark.ps.numShards": "2",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "2s",
+    }
+    r = result_of(spark_submit(job, tmp_path, conf=conf))
     import psutil
 
     assert not psutil.pid_exists(r["jvm"])  # the executor JVM really died
