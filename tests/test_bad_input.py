@@ -208,6 +208,20 @@ def _wait_for(predicate, timeout=10.0):
         time.sleep(0.05)
 
 
+def test_a_nan_in_one_shards_slice_changes_no_shard(ps):
+    """Each shard refuses its own slice: the client refuses the whole push first, so the
+    other shard's part is not applied either (the model stays as it was)."""
+    w = PSVector.dense(40, name="nan-split")
+    assert w.spec.num_shards == 2
+    w.increment(np.arange(40), np.ones(40))
+    grads = np.full(40, 2.0)
+    grads[30] = np.nan  # key 30 lives on the second shard only
+    with pytest.raises(PSError, match=r"non-finite value nan at row 30 \(key 30\)") as e:
+        w.increment(np.arange(40), grads)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    np.testing.assert_array_equal(w.pull(), np.ones(40))
+
+
 def test_nan_policy_skip_drops_only_the_non_finite_rows(ps):
     w = PSVector.dense(6, name="nan-skip", nan_policy="skip")
     w.increment(np.array([1, 2, 4]), np.array([1.0, np.nan, 4.0]))

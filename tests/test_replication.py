@@ -136,10 +136,14 @@ def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
             timeout=10,
         )
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "backup" in e.value.details()
-    with pytest.raises(PSError, match="non-finite value nan at row 6"):
-        bad = np.ones(25)  # keys 25..49 all live on shard 1
-        bad[6] = np.nan
-        c.push(spec, np.arange(25, 50), bad)
+    bad = np.ones(25)  # keys 25..49 all live on shard 1; the client would refuse it itself
+    bad[6] = np.nan
+    with pytest.raises(grpc.RpcError, match="non-finite value nan at row 6"):
+        c.shards[1].Push(
+            pb.PushRequest(model=spec.name, keys=to_array(np.arange(25, 50)), values=to_array(bad)),
+            metadata=((TOKEN_KEY, TOKEN),),
+            timeout=10,
+        )
     with pytest.raises(PSError, match="unknown vector op 'axpyy'"):
         c.vector_op("axpyy", [spec, spec])
     after = _in_sync(c)

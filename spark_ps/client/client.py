@@ -322,6 +322,8 @@ class PSClient:
             )
         validate_keys(keys, spec.dim, f"push to {spec.name!r}")
         values = values.reshape(keys.size, spec.cols)
+        if spec.nan_policy != "skip":
+            _refuse_non_finite(spec, keys, values)
         if op == "set":
             if np.unique(keys).size != keys.size:
                 raise ValueError(f"push op 'set' to {spec.name!r} needs unique keys")
@@ -617,6 +619,24 @@ def _details(e: grpc.RpcError) -> str:
 
 _CLIENTS: dict[tuple[str, str, int], PSClient] = {}
 _CLIENTS_LOCK = threading.Lock()
+
+
+def _refuse_non_finite(spec: TensorSpec, keys: np.ndarray, values: np.ndarray) -> None:
+    """Refuse a push holding NaN/inf before anything is sent: each shard refuses its own
+    slice, so a NaN in one shard's slice would otherwise leave the others' parts applied."""
+    if values.dtype.kind not in "fc":
+        return
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    row = int(np.flatnonzero(bad.any(axis=1))[0])
+    raise PSError(
+        f"model {spec.name!r}: non-finite value {values[row][bad[row]][0]} at row {row} "
+        f"(key {int(keys[row])}); nan_policy='refuse' refuses the whole push and nothing "
+        "was sent ('skip' drops such rows)",
+        code=grpc.StatusCode.INVALID_ARGUMENT,
+        rpc="Push",
+    )
 
 
 def get_client(address: str, token: str = "", tls_ca: bytes | None = None) -> PSClient:
