@@ -510,6 +510,7 @@ _PLUGIN_SCRIPT = textwrap.dedent(
              .config("spark.jars", sys.argv[1])
              .config("spark.plugins", "io.sparkps.bridge.PSPlugin")
              .config("spark.ps.numShards", "1")
+             .config("spark.ps.replicas", "2")  # passed on to the service it starts
              .getOrCreate())
     conf = spark.sparkContext.getConf()
     address, token = conf.get("spark.ps.address"), conf.get("spark.ps.token")
@@ -528,13 +529,18 @@ _PLUGIN_SCRIPT = textwrap.dedent(
         return [None]
 
     seen = spark.sparkContext.parallelize([0], 1).flatMap(worker_view).collect()
+    for _ in range(200):  # a backup is seeded in the background, then attached
+        ps.client.refresh()
+        if all(ps.client.backups):
+            break
+        time.sleep(0.1)
     jvm = spark._jvm
     result = {
         "address": address, "token_set": bool(token), "ps_address": ps.address,
         "ps_embedded": ps.embedded, "pulled": v.pull().tolist(),
         "sys_executor": jvm.System.getProperty("spark.ps.executorId"),
         "sys_address": jvm.System.getProperty("spark.ps.address"),
-        "worker_view": seen,
+        "worker_view": seen, "backups": list(ps.client.backups),
     }
     spark.stop()
     host, port = address.rsplit(":", 1)
@@ -559,6 +565,7 @@ def test_plugin_starts_a_ps_hands_it_out_and_stops_it(bridge_jar):
     assert r["pulled"] == [1.0, 2.0, 3.0, 4.5]
     assert r["sys_executor"] == "driver" and r["sys_address"] == r["address"]
     assert r["worker_view"] == [["driver", r["address"], True, "0o600"]]
+    assert len(r["backups"]) == 1 and r["backups"][0].startswith("127.0.0.1:")  # replicas=2
     assert r["closed_after_stop"] is True
 
 

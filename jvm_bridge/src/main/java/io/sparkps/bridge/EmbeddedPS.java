@@ -4,6 +4,7 @@ import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
@@ -32,12 +33,14 @@ final class EmbeddedPS {
         this.token = token;
     }
 
-    /** Starts {@code python -m ps_server} and waits for its address. */
+    /** Starts {@code python -m ps_server} (plus {@code extraArgs}, e.g. --replicas 2) and
+     *  waits for its address. */
     static EmbeddedPS start(String python, String host, int shards, String token,
-            double timeoutSeconds) throws Exception {
+            double timeoutSeconds, List<String> extraArgs) throws Exception {
         EmbeddedPS ps = new EmbeddedPS(token);
-        List<String> cmd = List.of(python, "-m", "ps_server", "--host", host, "--port", "0",
-            "--shards", Integer.toString(shards), "--log-level", "WARNING");
+        List<String> cmd = new ArrayList<>(List.of(python, "-m", "ps_server", "--host", host,
+            "--port", "0", "--shards", Integer.toString(shards), "--log-level", "WARNING"));
+        cmd.addAll(extraArgs);
         Thread keeper = new Thread(() -> ps.run(cmd), "spark-ps-embedded");
         keeper.setDaemon(true);
         keeper.start();

@@ -11,7 +11,9 @@ import java.nio.file.attribute.PosixFilePermissions;
 import java.security.SecureRandom;
 import java.util.Base64;
 import java.util.Collections;
+import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 
@@ -131,12 +133,31 @@ public class PSPlugin implements SparkPlugin {
             String host = conf.get("spark.ps.host", "127.0.0.1");
             double timeout = conf.getDouble("spark.ps.startTimeout", 60.0);
             try {
-                return EmbeddedPS.start(python, host, shards, token, timeout);
+                return EmbeddedPS.start(python, host, shards, token, timeout, serviceArgs(conf));
             } catch (Exception e) {
                 throw new IllegalStateException("spark-ps: could not start an embedded PS with "
                     + python + " -m ps_server (set spark.ps.address to use a running one, or "
                     + "spark.ps.python to a Python that has spark-ps installed): " + e, e);
             }
+        }
+
+        /** The spark.ps.* keys that shape the service, as {@code python -m ps_server} flags
+         *  (the same keys PSContext passes to an embedded PS it starts itself). */
+        static List<String> serviceArgs(SparkConf conf) {
+            String[][] keys = {
+                {"spark.ps.checkpointDir", "--checkpoint-dir"},
+                {"spark.ps.replicas", "--replicas"},
+                {"spark.ps.maxRequestMB", "--max-request-mb"},
+                {"spark.ps.shardMemoryMB", "--shard-memory-mb"},
+            };
+            List<String> args = new ArrayList<>();
+            for (String[] k : keys) {
+                if (conf.contains(k[0])) {
+                    args.add(k[1]);
+                    args.add(conf.get(k[0]));
+                }
+            }
+            return args;
         }
 
         /** The listener registered by {@link #init}, or null when the plugin is idle. */
