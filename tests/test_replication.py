@@ -51,7 +51,13 @@ def _in_sync(client: PSClient, timeout: float = 60.0) -> list:
     """Wait until every shard has a seeded backup; returns the (primary, backup) digests."""
     deadline = time.monotonic() + timeout
     while True:
-        pairs = client.replica_digests()
+        try:
+            pairs = client.replica_digests()
+        except grpc.RpcError as e:  # a backup died and is being replaced: the map catches up
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+            continue
         if all(b is not None for _, b in pairs) or time.monotonic() > deadline:
             return pairs
         time.sleep(0.2)
