@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["server_credentials", "open_channel", "read_pem", "bind", "env_ca"]
+__all__ = ["CHANNEL_OPTIONS", "server_credentials", "open_channel", "read_pem", "bind", "env_ca"]
 
 #: Where the service and its shards find TLS files (paths), set by spark-ps-server/PSContext.
 ENV_CERT, ENV_KEY, ENV_CA = "SPARK_PS_TLS_CERT", "SPARK_PS_TLS_KEY", "SPARK_PS_TLS_CA"
@@ -53,8 +53,28 @@ def bind(server: grpc.Server, address: str) -> int:
     return server.add_secure_port(address, creds)
 
 
+#: Options every PS channel gets. Shards restart on fresh ephemeral ports, so a port a dead
+#: shard held is soon reused by a live one in the same cluster. gRPC shares connections
+#: ("subchannels") between all channels of a process with the same target, and a connection
+#: that kept failing backs off exponentially up to 120 s: a new channel to the reused port
+#: then failed fast with the *dead* process's "Connection refused" for up to two minutes
+#: (seen as a flake in test_replication). Hence a pool per channel, and a reconnect back-off
+#: capped at one second, which is cheap against a handful of PS addresses.
+CHANNEL_OPTIONS = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
 def open_channel(address: str, ca: bytes | None, options=None) -> grpc.Channel:
-    """A channel to `address`: TLS verified against `ca` when given, else plaintext."""
+    """A channel to `address`: TLS verified against `ca` when given, else plaintext.
+
+    `options` are added to (and override) :data:`CHANNEL_OPTIONS`.
+    """
+    given = dict(options or ())
+    options = [(k, v) for k, v in CHANNEL_OPTIONS if k not in given] + list(given.items())
     if ca:
         return grpc.secure_channel(
             address, grpc.ssl_channel_credentials(root_certificates=ca), options=options

@@ -1,0 +1,70 @@
+"""PS channels reconnect promptly to a port that a dead process held and a live one reuses.
+
+Shards restart on fresh ephemeral ports, and the kernel hands out recently freed ones again.
+With gRPC's defaults a process shares one back-off state per target across all its channels,
+so a new channel to the reused port failed fast with the dead process's "Connection refused"
+for up to two minutes (a CI flake in test_replication). Real servers over loopback here.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from ps_server.coordinator import CoordinatorServicer
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.tls import open_channel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _serve(port: int) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(1), server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    assert bound, f"port {port} could not be bound again"
+    server.start()
+    server.bound = bound
+    return server
+
+
+def _seconds_until_answer(channel: grpc.Channel, limit: float) -> float:
+    """Call until the server answers; the seconds it took (or `limit` + 1 if it never did)."""
+    stub, t0 = pb_grpc.CoordinatorStub(channel), time.monotonic()
+    while time.monotonic() - t0 < limit:
+        try:
+            stub.GetShardMap(pb.Empty(), timeout=2)
+            return time.monotonic() - t0
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            time.sleep(0.05)
+    return limit + 1
+
+
+def test_a_reused_port_is_reached_at_once_after_its_old_process_died():
+    first = _serve(0)
+    port = first.bound
+    old = open_channel(f"127.0.0.1:{port}", None)
+    assert _seconds_until_answer(old, 5) < 5
+    first.stop(0).wait()
+    stub, t0 = pb_grpc.CoordinatorStub(old), time.monotonic()
+    while time.monotonic() - t0 < 6:  # a client keeps failing against the dead address
+        with pytest.raises(grpc.RpcError):
+            stub.GetShardMap(pb.Empty(), timeout=2)
+        time.sleep(0.05)
+    second = _serve(port)
+    try:
+        with pytest.raises(grpc.RpcError):  # the old channel is still backing off ...
+            stub.GetShardMap(pb.Empty(), timeout=2)
+        new = open_channel(f"127.0.0.1:{port}", None)
+        # ... but a new one connects on its first call (with a shared pool it failed fast)
+        assert pb_grpc.CoordinatorStub(new).GetShardMap(pb.Empty(), timeout=10).epoch >= 0
+        assert _seconds_until_answer(old, 10) < 10
+        new.close()
+    finally:
+        old.close()
+        second.stop(0).wait()
