@@ -76,8 +76,19 @@ def test_features_column_of_the_wrong_type(spark_ps):
     [
         ([(0.5, 1.0, Vectors.dense(1.0, 2.0))], {}, ValueError, r"Labels MUST be in \{0, 1\}"),
         ([(None, 1.0, Vectors.dense(1.0, 2.0))], {}, ValueError, "Labels MUST NOT be Null or NaN"),
-        ([(1.0, -1.0, Vectors.dense(1.0, 2.0))], {}, ValueError, r"'w' \(weightCol\) has 1 null"),
-        ([(1.0, float("nan"), Vectors.dense(1.0, 2.0))], {}, ValueError, "Weights MUST"),
+        (
+            [(1.0, -1.0, Vectors.dense(1.0, 2.0))],
+            {},
+            ValueError,
+            r"Weights MUST NOT be Negative or Infinity, but got -1\.0 \(weightCol 'w'; 1 such",
+        ),
+        (
+            [(1.0, float("inf"), Vectors.dense(1.0, 2.0))],
+            {},
+            ValueError,
+            "Weights MUST NOT be Negative or Infinity, but got Infinity",
+        ),
+        ([(1.0, float("nan"), Vectors.dense(1.0, 2.0))], {}, ValueError, "MUST NOT be Null or NaN"),
         ([], {"stepSize": 0.0}, ValueError, "parameter stepSize given invalid value 0.0"),
         ([], {"staleness": -2}, ValueError, "parameter staleness given invalid value -2"),
         ([], {"solver": "sgd", "batchSize": 0}, ValueError, "parameter batchSize given invalid"),

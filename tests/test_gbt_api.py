@@ -258,7 +258,8 @@ def test_categorical_metadata_rejected(data, local_trainer):
     [
         (2.0, 1.0, r"Labels MUST be in \{0, 1\}, but got 2\.0 \(labelCol 'label'\)"),
         (float("nan"), 1.0, "Labels MUST NOT be Null or NaN"),
-        (1.0, -1.0, r"Weights MUST NOT be Negative or Infinity, but got -1\.0 \(weightCol 'w'\)"),
+        (1.0, -1.0, r"Negative or Infinity, but got -1\.0 \(weightCol 'w'; 1 such rows\)"),
+        (1.0, float("inf"), r"Weights MUST NOT be Negative or Infinity, but got Infinity"),
     ],
 )
 def test_bad_labels_and_weights(spark, local_trainer, label, weight, message):

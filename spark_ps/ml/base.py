@@ -149,6 +149,32 @@ def check_features(row: Any, features_col: str) -> None:
         )
 
 
+def weight_checks(weight_col: str) -> list[Any]:
+    """Aggregations that find the first weight MLlib refuses (null, NaN, negative, +inf);
+    read with :func:`check_weights`. Empty when there is no weight column."""
+    if not weight_col:
+        return []
+    w = F.col(_quote(weight_col)).cast("double")
+    bad = w.isNull() | F.isnan(w) | (w < 0) | (w == float("inf"))
+    return [
+        F.first(F.when(bad, F.struct(w.alias("v"))), ignorenulls=True).alias("w_bad"),
+        F.sum(bad.cast("long")).alias("w_bad_rows"),
+    ]
+
+
+def check_weights(row: Any, weight_col: str) -> None:
+    """Raise MLlib's weight errors for what :func:`weight_checks` found (a Row of its aliases)."""
+    if not weight_col or row["w_bad"] is None:
+        return
+    w = row["w_bad"]["v"]
+    msg = (
+        "Weights MUST NOT be Null or NaN"
+        if w is None or w != w
+        else f"Weights MUST NOT be Negative or Infinity, but got {'Infinity' if w > 0 else w}"
+    )
+    raise ValueError(f"{msg} (weightCol {weight_col!r}; {row['w_bad_rows']} such rows)")
+
+
 def _check_numeric(schema: T.StructType, name: str, param: str) -> None:
     dtype = _field(schema, name, param).dataType
     if not isinstance(dtype, T.NumericType | T.BooleanType):

@@ -36,7 +36,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_ps.ml.base import PreparedData, check_features, feature_checks, prepare_fit_data
+from spark_ps.ml.base import (
+    PreparedData,
+    check_features,
+    check_weights,
+    feature_checks,
+    prepare_fit_data,
+    weight_checks,
+)
 from spark_ps.ml.gbt.model import GBTClassificationModel, GBTRegressionModel
 from spark_ps.ml.gbt.params import GBTClassifierParams, GBTRegressorParams
 
@@ -209,14 +216,7 @@ class _GBTEstimator(DefaultParamsWritable):
             F.count(self._training_flag() if training else F.lit(1)).alias("n"),
             F.first(F.when(bad_label, F.struct(label.alias("v"))), ignorenulls=True).alias("bl"),
         ]
-        if weight_col:
-            weight = F.col(_quote(weight_col)).cast("double")
-            bad_weight = weight.isNull() | F.isnan(weight) | (weight < 0) | (weight == math.inf)
-            aggs.append(
-                F.first(F.when(bad_weight, F.struct(weight.alias("v"))), ignorenulls=True).alias(
-                    "bw"
-                )
-            )
+        aggs += weight_checks(weight_col)
         aggs += feature_checks(dataset.schema, self.getFeaturesCol())
         row = dataset.agg(*aggs).head()
         if row["n"] == 0:
@@ -225,14 +225,7 @@ class _GBTEstimator(DefaultParamsWritable):
             )
         if row["bl"] is not None:
             raise ValueError(self._label_message(row["bl"]["v"]) + f" (labelCol {label_col!r})")
-        if weight_col and row["bw"] is not None:
-            w = row["bw"]["v"]
-            msg = (
-                "Weights MUST NOT be Null or NaN"
-                if w is None or math.isnan(w)
-                else f"Weights MUST NOT be Negative or Infinity, but got {w}"
-            )
-            raise ValueError(f"{msg} (weightCol {weight_col!r})")
+        check_weights(row, weight_col)
         check_features(row, self.getFeaturesCol())
 
     def _label_message(self, value: float | None) -> str:

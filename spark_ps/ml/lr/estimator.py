@@ -25,8 +25,10 @@ from spark_ps.ml.base import (
     ArraysWritable,
     PreparedData,
     check_features,
+    check_weights,
     feature_checks,
     prepare_fit_data,
+    weight_checks,
 )
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.lr.params import SOLVERS, _LogisticRegressionParams
@@ -344,10 +346,7 @@ class LogisticRegression(
             F.sum(((label < 0) | (label != F.floor(label))).cast("long")).alias("bad"),
         ]
         weight_name = self._weight_col()
-        if weight_name:
-            w = F.col(f"`{weight_name}`").cast("double")
-            bad_w = w.isNull() | F.isnan(w) | (w < 0) | (w == float("inf"))
-            aggs.append(F.sum(bad_w.cast("long")).alias("bad_weights"))
+        aggs += weight_checks(weight_name)
         aggs += feature_checks(dataset.schema, self.getFeaturesCol())
         row = dataset.agg(*aggs).first()
         if row["n"] == 0:
@@ -360,11 +359,7 @@ class LogisticRegression(
         check_label_counts(
             label_name, row["bad"], row["max"] > 1, f"max label {row['max']}", self.uid
         )
-        if weight_name and row["bad_weights"]:
-            raise ValueError(
-                f"Weights MUST be non-negative and finite: column {weight_name!r} (weightCol) "
-                f"has {row['bad_weights']} null, NaN, infinite or negative weights"
-            )
+        check_weights(row, weight_name)
         check_features(row, self.getFeaturesCol())
 
 
