@@ -85,11 +85,20 @@ def request_id(context) -> str:
 class Replica:
     """The replication state of one shard process: role, backup link, remembered answers."""
 
-    def __init__(self, servicer, role: str, coordinator: str = "", token: str = ""):
+    def __init__(
+        self,
+        servicer,
+        role: str,
+        coordinator: str = "",
+        token: str = "",
+        max_request_bytes: int = 0,
+    ):
         if role not in ("primary", "backup"):
             raise ValueError(f"replica role must be primary or backup, got {role!r}")
         self.servicer, self.role = servicer, role
         self.seeded = role == "primary"  # a backup serves nothing until seeded
+        # seed chunks stay under the request limit that the backup (same flags) enforces
+        self.seed_chunk = min(_SEED_CHUNK, max_request_bytes or _SEED_CHUNK)
         self.coordinator, self._md = coordinator, ((TOKEN_KEY, token),)
         self.lock = threading.Lock()  # one mutation at a time: the same order on both
         self.backup = ""
@@ -254,8 +263,8 @@ class Replica:
         blob = snapshot(self.servicer.models, self.answers)
         self._set_backup(address)
         chunks = (
-            pb.SeedChunk(data=blob[i : i + _SEED_CHUNK])
-            for i in range(0, max(len(blob), 1), _SEED_CHUNK)
+            pb.SeedChunk(data=blob[i : i + self.seed_chunk])
+            for i in range(0, max(len(blob), 1), self.seed_chunk)
         )
         try:
             self._backup_stub.Seed(chunks, metadata=self._md, timeout=_FORWARD_TIMEOUT)

@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
         memory_budget=int(args.memory_mb * (1 << 20)),
     )
     if args.role != "solo":
-        servicer.replica = Replica(servicer, args.role, args.coordinator, token)
+        limit = int(args.max_request_mb * (1 << 20))
+        servicer.replica = Replica(servicer, args.role, args.coordinator, token, limit)
     if args.restore and args.role != "backup":
         restored = checkpoint.restore_latest(args.restore, args.index)
         if restored is not None:

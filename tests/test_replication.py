@@ -291,3 +291,29 @@ def test_losing_both_replicas_falls_back_to_a_restart_with_a_new_backup(service)
     np.testing.assert_array_equal(c.pull(spec, np.arange(10)), np.arange(10.0))
     _assert_identical(c)
     assert svc.coordinator.counters["promotion"] == counts.get("promotion", 0)
+
+
+@pytest.mark.slow
+def test_a_backup_is_seeded_under_a_small_request_limit():
+    """Seed chunks follow --max-request-mb: a 6 MB model reaches a new backup of a 0.5 MB PS."""
+    svc = Service(num_shards=1, token=TOKEN, replicas=2, max_request_mb=0.5)
+    svc.start()
+    supervisor = threading.Thread(target=svc.supervise, daemon=True)
+    supervisor.start()
+    client = PSClient(svc.address, TOKEN, retry_seconds=60)
+    try:
+        spec = TensorSpec(name="r-big", kind="dense", dim=750_000, cols=1, num_shards=1)
+        client.create(spec)
+        values = np.arange(750_000, dtype=np.float64)
+        client.push(spec, np.arange(750_000), values)  # chunked by the client below 0.5 MB
+        os.kill(svc.backups[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while svc.coordinator.counters.get("resync", 0) == 0:
+            assert time.monotonic() < deadline, "the new backup was never seeded"
+            time.sleep(0.1)
+        _assert_identical(client)
+        np.testing.assert_array_equal(client.pull(spec, np.arange(750_000)), values)
+    finally:
+        client.close()
+        svc.stop_event.set()
+        supervisor.join(30)
