@@ -306,3 +306,40 @@ def test_commit_applies_a_round_once_and_only_its_current_parts(ps):
     finally:
         state.drop()
         ledger.drop()
+
+
+@pytest.mark.timeout(60)
+def test_commit_refuses_bad_args_by_name_and_changes_nothing(ps):
+    """A malformed commit is INVALID_ARGUMENT naming the arg (not INTERNAL), applies nothing."""
+    from spark_ps.client import PSError
+    from spark_ps.models import PSMatrix, PSVector
+
+    state = PSMatrix.sparse(2, 2**40, name="online-bad/state", context=ps)
+    ledger = PSVector.sparse(name="online-bad/ledger", dtype="int64", context=ps)
+    floats = PSVector.sparse(name="online-bad/floats", context=ps)
+    keys = np.array([5, 2**39 + 7], dtype=np.int64)
+    try:
+        state.aggregate(keys, np.ones((2, 2)), round=1, part=0)
+        specs = [state.spec, ledger.spec]
+        bad = [
+            (specs, {"parts": 1}, r"arg 'round' must be an integer, got None"),
+            (specs, {"round": "1", "parts": 1}, r"arg 'round' must be an integer, got '1'"),
+            (specs, {"round": 1, "parts": -1}, r"parts must be >= 0, got -1"),
+            (specs[:1], {"round": 1, "parts": 1}, r"takes 2 models \(state, ledger\), got 1"),
+            ([state.spec, floats.spec], {"round": 1, "parts": 1}, r"sparse int64 vector"),
+        ]
+        for models, args, match in bad:
+            with pytest.raises(PSError, match=match) as err:
+                ps.client.call("online.commit", models, args)
+            assert err.value.code.name == "INVALID_ARGUMENT", err.value
+        with pytest.raises(PSError, match=r"online.discard: arg 'round' must be an integer"):
+            ps.client.call("online.discard", [state.spec], {"round": 1.5})
+        ledgers = ps.client.call("online.applied", [ledger.spec])
+        assert all(ids.size == 0 for _, (ids, _tags) in ledgers)
+        np.testing.assert_array_equal(state.pull(keys), np.zeros((2, 2)))  # nothing applied
+        # the contribution is still pending: a good commit applies it exactly once
+        ps.client.call("online.commit", [state.spec, ledger.spec], {"round": 1, "parts": 1})
+        np.testing.assert_array_equal(state.pull(keys), np.ones((2, 2)))
+    finally:
+        for t in (state, ledger, floats):
+            t.drop()

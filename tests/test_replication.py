@@ -159,6 +159,29 @@ def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
     assert svc.coordinator.counters.get("backup_lost", 0) == lost  # both refused alike
 
 
+def _online_state(c: PSClient, name: str) -> tuple[TensorSpec, TensorSpec]:
+    """An online learner's FTRL state (sparse, 2 cols) with rows on both shards, + ledger."""
+    state = _spec(f"{name}/state", "sparse", 2**40, cols=2)
+    ledger = _spec(f"{name}/ledger", "sparse", 2**63 - 1, dtype="int64")
+    c.create(state)
+    c.create(ledger)
+    keys = np.random.default_rng(7).choice(2**40, 3000, replace=False)
+    c.push(state, keys, np.ones((keys.size, 2)))
+    return state, ledger
+
+
+def test_online_reads_are_not_mutations(service):
+    """online.footprint/applied skip the mutation lock and the backup (counted by `applied`)."""
+    _, c = service
+    state, ledger = _online_state(c, "r-online-reads")
+    before = _in_sync(c)
+    assert sum(r["rows"] for r, _ in c.call("online.footprint", [state])) == 3000
+    c.call("online.applied", [ledger])
+    after = _in_sync(c)
+    counts = [(p.applied, b.applied) for p, b in after]
+    assert counts == [(p.applied, b.applied) for p, b in before]
+
+
 def test_replica_count_is_checked():
     import subprocess
     import sys
