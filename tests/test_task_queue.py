@@ -181,3 +181,36 @@ def test_queue_operations_stay_constant_time_per_task():
         assert q.finish(got[0], "w")
     assert q.drained and len(q.done) == n
     assert time.process_time() - t0 < 3.0
+
+
+class _FlakyHeartbeats(PSClient):
+    """A real client whose first heartbeat fails, as when the coordinator is briefly away."""
+
+    failed = 0
+
+    def heartbeat(self, group: str, worker: str) -> None:
+        if not self.failed:
+            self.failed += 1
+            raise PSError("coordinator unavailable (injected)", rpc="Heartbeat")
+        super().heartbeat(group, worker)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_heartbeat_does_not_let_a_live_workers_lease_lapse(own_ps):
+    from spark_ps.tasks import leased_tasks
+
+    own_ps.client.add_tasks("beats", ["only"], lease_seconds=2.5)
+    client = _FlakyHeartbeats(own_ps.address, own_ps.token)
+    other = PSClient(own_ps.address, own_ps.token)
+    try:
+        leases = leased_tasks(client, "beats", "slow-worker", heartbeat_seconds=0.3)
+        assert next(leases)[1] == "only"
+        time.sleep(4.0)  # working for longer than the lease time, beating (after one failure)
+        assert client.failed == 1
+        stolen = other.get_task("beats", "eager-worker", timeout=0)
+        assert stolen.task_id == -1 and not stolen.drained  # still ours
+        assert list(leases) == []  # finishes it; the queue is drained
+        assert other.get_task("beats", "eager-worker", timeout=0).drained
+    finally:
+        client.close()
+        other.close()
