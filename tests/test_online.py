@@ -343,3 +343,55 @@ def test_commit_refuses_bad_args_by_name_and_changes_nothing(ps):
     finally:
         for t in (state, ledger, floats):
             t.drop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_shard_restart_mid_batch_fails_it_instead_of_losing_its_updates(
+    spark, stream_dir, trained, tmp_path, monkeypatch
+):
+    """SIGKILL a shard after batch 2 was learned, before its commit: the shard comes back
+    from the checkpoint of batch 1 without batch 2's contributions. The batch must fail
+    (the commit's retry used to mark it applied there with nothing added); after a restore
+    the restarted query learns it again and ends bit for bit where a clean run does."""
+    import os
+    import signal
+    import time
+
+    from pyspark.errors import StreamingQueryException
+
+    from spark_ps import PSContext
+
+    clean, _ = trained
+    own = PSContext.start(numShards=2, checkpointDir=str(tmp_path / "ps-ckpt"))
+    previous, PSContext._active = PSContext._active, own
+    learner = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="restarted")
+    chaos = online_learner._chaos
+
+    def kill_shard_before_commit_2(point: str, batch_id: int) -> None:
+        chaos(point, batch_id)
+        if point == "before_commit" and int(batch_id) == 2 and not own.metrics().get("restart"):
+            before = own.client.shard_restarts()
+            os.kill(own.client.health()[1].pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while own.client.shard_restarts() == before:  # back from batch 1's checkpoint
+                assert time.monotonic() < deadline, "shard 1 was not restarted"
+                time.sleep(0.1)
+
+    monkeypatch.setattr(online_learner, "_chaos", kill_shard_before_commit_2)
+    try:
+        ckpt = tmp_path / "query"
+        with pytest.raises(StreamingQueryException, match="shard restarted during micro-batch 2"):
+            _run(spark, learner, stream_dir / "src", ckpt)
+        assert learner.appliedBatches().tolist() == [0, 1]  # no shard marked 2 applied
+        own.recover()
+        _run(spark, learner, stream_dir / "src", ckpt)
+        assert learner.appliedBatches().tolist() == list(range(FILES))
+        keys_a, zn_a = _state(clean)
+        keys_b, zn_b = _state(learner)
+        np.testing.assert_array_equal(keys_a, keys_b)
+        np.testing.assert_array_equal(zn_a, zn_b)
+    finally:
+        learner.drop()
+        PSContext._active = previous
+        own.stop()
