@@ -313,19 +313,26 @@ def _contribution_arrays(models: dict) -> dict[str, np.ndarray]:
 
 
 def snapshot(models: dict, answers: OrderedDict) -> bytes:
-    """Models, pending exactly-once contributions and remembered answers as one npz blob."""
+    """Models, pending exactly-once contributions and remembered answers as one npz blob.
+
+    The answers travel as one byte array and its end offsets: one npz entry per answer
+    (up to WINDOW of them) cost ~0.3 s here, with every mutation waiting, and ~0.9 s on
+    the backup to read back.
+    """
     arrays = checkpoint.model_arrays(models)
     arrays.update(_contribution_arrays(models))
     index = [[rid, method] for rid, (method, _) in answers.items()]
     arrays["answers"] = np.array(json.dumps(index))
-    for j, (_, answer) in enumerate(answers.values()):
-        arrays[f"a{j}"] = np.frombuffer(answer.SerializeToString(), dtype=np.uint8)
+    raw = [answer.SerializeToString() for _, answer in answers.values()]
+    arrays["answer_bytes"] = np.frombuffer(b"".join(raw), dtype=np.uint8)
+    arrays["answer_ends"] = np.cumsum([len(r) for r in raw], dtype=np.int64)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
 
 
 def restore_snapshot(blob: bytes) -> tuple[dict, OrderedDict]:
+    """Inverse of `snapshot`: (models with their pending contributions, answers)."""
     data = np.load(io.BytesIO(blob), allow_pickle=False)
     models = checkpoint.models_from_arrays(data)
     by_prefix = {f"c{i}": t for i, (_n, t) in enumerate(sorted(models.items()))}
@@ -336,8 +343,10 @@ def restore_snapshot(blob: bytes) -> tuple[dict, OrderedDict]:
                 int(r), int(part), int(chunk), data[key], data[key[:-1] + "v"]
             )
     answers: OrderedDict = OrderedDict()
-    for j, (rid, method) in enumerate(json.loads(str(data["answers"][()]))):
-        answers[rid] = (method, MUTATIONS[method][1].FromString(data[f"a{j}"].tobytes()))
+    raw, bounds = data["answer_bytes"].tobytes(), [0, *data["answer_ends"].tolist()]
+    index = json.loads(str(data["answers"][()]))
+    for (rid, method), start, end in zip(index, bounds[:-1], bounds[1:], strict=True):
+        answers[rid] = (method, MUTATIONS[method][1].FromString(raw[start:end]))
     return models, answers
 
 
