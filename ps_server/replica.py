@@ -31,6 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -39,6 +40,11 @@ from ps_server import checkpoint
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY, RequestError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from ps_server.shard import ShardServicer
 
 __all__ = ["Replica", "REQUEST_ID_KEY", "MUTATIONS", "request_id", "digest", "WINDOW"]
 
@@ -72,7 +78,7 @@ MUTATIONS: dict[str, tuple[type, type, bool]] = {
 _UNCOMPARED = ("Pull", "CreateModel", "Restore")
 
 
-def request_id(context) -> str:
+def request_id(context: grpc.ServicerContext | None) -> str:
     """The client's request id from the call metadata ("" when it sent none)."""
     if context is None:
         return ""
@@ -85,7 +91,9 @@ def request_id(context) -> str:
 class Replica:
     """The replication state of one shard process: role, backup link, remembered answers."""
 
-    def __init__(self, servicer, role: str, coordinator: str = "", token: str = ""):
+    def __init__(
+        self, servicer: ShardServicer, role: str, coordinator: str = "", token: str = ""
+    ) -> None:
         if role not in ("primary", "backup"):
             raise ValueError(f"replica role must be primary or backup, got {role!r}")
         self.servicer, self.role = servicer, role
@@ -113,7 +121,7 @@ class Replica:
             )
 
     # ------------------------------------------------------------ applying
-    def apply(self, method: str, request, rid: str, run: Callable[[], object]):
+    def apply(self, method: str, request: Message, rid: str, run: Callable[[], Message]) -> Message:
         """Run a mutating request once (a retry gets the remembered answer) here and on the
         backup; the backup's copy is sent first, so both apply it at the same time."""
         with self.lock:
@@ -162,7 +170,7 @@ class Replica:
             return pb.ReplicateResponse()
         return pb.ReplicateResponse(response=answer.SerializeToString())
 
-    def _remember(self, method: str, rid: str, answer) -> None:
+    def _remember(self, method: str, rid: str, answer: Message) -> None:
         if not rid or not MUTATIONS[method][2]:
             return
         self.answers[rid] = (method, answer)
@@ -171,7 +179,7 @@ class Replica:
             _, (_, old) = self.answers.popitem(last=False)
             self._answer_bytes -= old.ByteSize()
 
-    def _send(self, method: str, request, rid: str) -> grpc.Future | None:
+    def _send(self, method: str, request: Message, rid: str) -> grpc.Future | None:
         if self._backup_stub is None:
             return None
         return self._backup_stub.Replicate.future(
@@ -180,7 +188,9 @@ class Replica:
             timeout=_FORWARD_TIMEOUT,
         )
 
-    def _settle(self, method: str, pending: grpc.Future, answer, error: Exception | None) -> None:
+    def _settle(
+        self, method: str, pending: grpc.Future, answer: Message | None, error: Exception | None
+    ) -> None:
         """Wait for the backup; drop it unless it did what we did (same answer, or the
         same refusal: validation is deterministic, so a bad request fails on both)."""
         try:

@@ -12,8 +12,12 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from spark_ps.client import PSClient
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["executor_id", "executor_jvm", "worker_name", "leased_tasks"]
 
@@ -39,7 +43,7 @@ def executor_id() -> str:
     return "driver"
 
 
-def executor_jvm():
+def executor_jvm() -> psutil.Process | None:
     """The JVM this Python worker serves (the nearest ``java`` ancestor, a psutil.Process),
     or None outside Spark."""
     import psutil

@@ -49,7 +49,7 @@ def _tensors(fn: str, tensors: list, names: tuple[str, ...]) -> list:
     return tensors
 
 
-def commit(tensors, args: dict, arrays: list[np.ndarray]):
+def commit(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """tensors = [state, ledger]; args = {round, parts, tag}. Returns whether it applied."""
     state, ledger = _tensors("commit", tensors, ("state", "ledger"))
     round_, parts, tag = _ints("commit", args, ("round", "parts", "tag"), tag=1)
@@ -76,7 +76,7 @@ def commit(tensors, args: dict, arrays: list[np.ndarray]):
     return {"applied": not done, "keys": n_keys}, []
 
 
-def applied(tensors, args: dict, arrays: list[np.ndarray]):
+def applied(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """tensors = [ledger]: this shard's applied batch ids (sorted) and their tags."""
     (ledger,) = _tensors("applied", tensors, ("ledger",))
     with ledger.lock:
@@ -86,7 +86,7 @@ def applied(tensors, args: dict, arrays: list[np.ndarray]):
     return {"count": int(keys.size)}, [keys[order], tags[order]]
 
 
-def discard(tensors, args: dict, arrays: list[np.ndarray]):
+def discard(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """tensors = [state]: forget the pending contributions of one round (a failed batch)."""
     (state,) = _tensors("discard", tensors, ("state",))
     (round_,) = _ints("discard", args, ("round",))
@@ -95,7 +95,7 @@ def discard(tensors, args: dict, arrays: list[np.ndarray]):
     return {}, []
 
 
-def footprint(tensors, args: dict, arrays: list[np.ndarray]):
+def footprint(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """tensors = [state]: rows held and bytes used on this shard."""
     (state,) = _tensors("footprint", tensors, ("state",))
     with state.lock:

@@ -136,7 +136,7 @@ def check_step_args(args: Any, what: str) -> tuple[str, int, int, int, float]:
     return topic, step, part, n_parts, wait
 
 
-def gather(tensors, args: dict, arrays: list[np.ndarray]):
+def gather(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """All-gather: every partition's float64 vector, stacked in partition order.
 
     args: topic, step, part, n_parts, wait; arrays: [this partition's vector].
@@ -156,7 +156,7 @@ def gather(tensors, args: dict, arrays: list[np.ndarray]):
     return ({"pending": not ok}, [out] if ok else [])
 
 
-def drop(tensors, args: dict, arrays: list[np.ndarray]):
+def drop(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """Forget a finished job's steps: args {topic}."""
     if not isinstance(args, dict) or not args.get("topic"):
         raise RequestError("INVALID_ARGUMENT", "rendezvous.drop needs args {topic}")
