@@ -395,3 +395,39 @@ def test_a_shard_restart_mid_batch_fails_it_instead_of_losing_its_updates(
         learner.drop()
         PSContext._active = previous
         own.stop()
+
+
+@pytest.mark.timeout(60)
+def test_batch_status_from_the_ledgers(ps):
+    """applied / partial (committed on some shards only) / new, a foreign query's batch,
+    and a gap (the PS restored from an older checkpoint than the query's) refused."""
+    learner = OnlineLogisticRegression(featuresCol="keys", modelName="status", numFeatures=100)
+    cfg = learner._config(ps)
+    try:
+
+        def commit(batch: int, tag: int, shards=None) -> None:
+            args = {"round": batch, "parts": 2, "tag": (tag << online_learner._PARTS_BITS) | 2}
+            ps.client.call(
+                "online.commit", [cfg.state.spec, learner._ledger.spec], args, shards=shards
+            )
+
+        for b in range(3):
+            commit(b, tag=7)
+        commit(3, tag=7, shards=[0])  # the driver died mid-commit
+        assert learner._status(1, 7) == ("applied", 2)
+        assert learner._status(3, 7) == ("partial", 2)
+        assert learner._status(4, 7) == ("new", 0)
+        assert learner.appliedBatches().tolist() == [0, 1, 2]
+        # what _status reads per micro-batch: one entry and the highest id, not the ledger
+        one = ps.client.call("online.applied", [learner._ledger.spec], {"round": 1})
+        assert [ids.tolist() for _, (ids, _tags) in one] == [[1], [1]]
+        assert [meta["latest"] for meta, _ in one] == [3, 2] and [m["count"] for m, _ in one] == [
+            4,
+            3,
+        ]
+        with pytest.raises(RuntimeError, match="learned by another streaming query"):
+            learner._status(2, 8)
+        with pytest.raises(RuntimeError, match=r"up to 3 but the query is at batch 6"):
+            learner._status(6, 7)
+    finally:
+        learner.drop()

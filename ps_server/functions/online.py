@@ -77,13 +77,24 @@ def commit(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, l
 
 
 def applied(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
-    """tensors = [ledger]: this shard's applied batch ids (sorted) and their tags."""
+    """tensors = [ledger]: this shard's applied batch ids (sorted) and their tags.
+
+    With args {round}: only that batch's entry (none or one) and, as "latest", the highest
+    applied id; the driver asks this every micro-batch, and the whole ledger (one id per
+    batch ever learned) would grow the answer without bound.
+    """
     (ledger,) = _tensors("applied", tensors, ("ledger",))
+    one = isinstance(args, dict) and "round" in args
+    (round_,) = _ints("applied", args, ("round",)) if one else (0,)
     with ledger.lock:
         keys = np.array(ledger.store.all_keys(), dtype=np.int64)
+        count, latest = int(keys.size), int(keys.max()) if keys.size else None
+        if one:
+            hit = ledger.store.locate(np.array([round_], dtype=np.int64))[0] >= 0
+            keys = np.array([round_] if hit else [], dtype=np.int64)
         tags = np.array(ledger.store.gather(keys), dtype=np.int64).reshape(-1)
     order = np.argsort(keys)
-    return {"count": int(keys.size)}, [keys[order], tags[order]]
+    return {"count": count, "latest": latest}, [keys[order], tags[order]]
 
 
 def discard(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:

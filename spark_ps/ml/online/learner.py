@@ -286,10 +286,11 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         return [(arrays[0], arrays[1]) for _, arrays in resp]
 
     def _status(self, batch_id: int, tag: int) -> tuple[str, int]:
-        """("applied" | "partial" | "new", parts) of ``batch_id`` from every shard's ledger."""
-        shards = self._ledger_rows()
-        hits = [vals[ids == batch_id] for ids, vals in shards]
-        done = [int(h[0]) for h in hits if h.size]
+        """("applied" | "partial" | "new", parts) of ``batch_id`` from every shard's ledger
+        (each shard sends its entry of this batch and its highest id, not its whole ledger)."""
+        resp = self._ledger.client.call("online.applied", [self._ledger.spec], {"round": batch_id})
+        shards = [(meta["latest"], tags) for meta, (_ids, tags) in resp]
+        done = [int(tags[0]) for _, tags in shards if tags.size]
         others = {int(v) >> _PARTS_BITS for v in done}
         if done and tag and others - {tag}:
             raise RuntimeError(
@@ -300,7 +301,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             return ("applied" if len(done) == len(shards) else "partial"), done[0] & (
                 (1 << _PARTS_BITS) - 1
             )
-        latest = max((int(ids.max()) for ids, _ in shards if ids.size), default=None)
+        latest = max((top for top, _ in shards if top is not None), default=None)
         if latest is not None and batch_id > latest + 1:
             raise RuntimeError(
                 f"model {self._name()!r} has learned batches up to {latest} but the query is at "
