@@ -431,3 +431,48 @@ def test_batch_status_from_the_ledgers(ps):
             learner._status(6, 7)
     finally:
         learner.drop()
+
+
+@pytest.mark.timeout(60)
+def test_commit_past_the_models_budget_is_refused_and_changes_nothing(ps):
+    """Folding a batch into the state creates rows: a budget it would pass refuses the
+    commit whole (it used to grow the state past it); the folded contributions count as
+    released, so a budget the committed state fits lets it through."""
+    from spark_ps.client import PSError
+    from spark_ps.models import PSMatrix, PSVector
+
+    keys = np.random.default_rng(0).choice(2**40, 1000, replace=False)
+    made = []
+    try:
+        for budget in (20_000, 30_000):  # per shard; ~500 rows hold 28,672 bytes there
+            state = PSMatrix.sparse(
+                2, 2**40, name=f"online-budget-{budget}/state", context=ps, budget_bytes=budget
+            )
+            ledger = PSVector.sparse(
+                name=f"online-budget-{budget}/ledger", dtype="int64", context=ps
+            )
+            made += [state, ledger]
+            state.aggregate(keys, np.ones((keys.size, 2)), round=0, part=0)
+            args = {"round": 0, "parts": 1}
+            if budget == 20_000:
+                with pytest.raises(
+                    PSError,
+                    match="committing batch 0 to model .* past its budget "
+                    "of 20000 bytes; nothing was changed",
+                ) as err:
+                    ps.client.call("online.commit", [state.spec, ledger.spec], args)
+                assert err.value.code.name == "RESOURCE_EXHAUSTED"
+                assert [r["rows"] for r, _ in ps.client.call("online.footprint", [state.spec])] == [
+                    0,
+                    0,
+                ]
+                assert all(
+                    ids.size == 0
+                    for _, (ids, _t) in ps.client.call("online.applied", [ledger.spec])
+                )
+            else:
+                ps.client.call("online.commit", [state.spec, ledger.spec], args)
+                np.testing.assert_array_equal(state.pull(keys), np.ones((keys.size, 2)))
+    finally:
+        for t in made:
+            t.drop()

@@ -49,6 +49,12 @@ def _tensors(fn: str, tensors: list, names: tuple[str, ...]) -> list:
     return tensors
 
 
+def _folded(state, round_: int) -> int:
+    """Bytes of the contributions a commit of `round_` drops (every round up to it)."""
+    rounds = [r for r in state.contributions.rounds() if r <= round_]
+    return sum(k.nbytes + v.nbytes for r in rounds for k, v in state.contributions.entries(r))
+
+
 def commit(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """tensors = [state, ledger]; args = {round, parts, tag}. Returns whether it applied."""
     state, ledger = _tensors("commit", tensors, ("state", "ledger"))
@@ -69,7 +75,9 @@ def commit(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, l
                 keys = np.concatenate([k for k, _ in entries])
                 values = np.concatenate([v for _, v in entries])
                 keys, values = combine(keys, values)
-                state.store.add(keys, values.astype(state.store.dtype, copy=False))
+                # past a budget: refused before anything changes (the contributions stay)
+                with state.growing(keys, f"committing batch {round_} to", _folded(state, round_)):
+                    state.store.add(keys, values.astype(state.store.dtype, copy=False))
                 n_keys = int(keys.size)
             ledger.store.assign(key, np.array([[tag]], dtype=ledger.store.dtype))
         state.contributions.drop_before(round_ + 1)
