@@ -31,6 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -39,6 +40,11 @@ from ps_server import checkpoint
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY, RequestError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from ps_server.shard import ShardServicer
 
 __all__ = ["Replica", "REQUEST_ID_KEY", "MUTATIONS", "request_id", "digest", "WINDOW"]
 
@@ -72,7 +78,7 @@ MUTATIONS: dict[str, tuple[type, type, bool]] = {
 _UNCOMPARED = ("Pull", "CreateModel", "Restore")
 
 
-def request_id(context) -> str:
+def request_id(context: grpc.ServicerContext | None) -> str:
     """The client's request id from the call metadata ("" when it sent none)."""
     if context is None:
         return ""
@@ -87,12 +93,12 @@ class Replica:
 
     def __init__(
         self,
-        servicer,
+        servicer: ShardServicer,
         role: str,
         coordinator: str = "",
         token: str = "",
         max_request_bytes: int = 0,
-    ):
+    ) -> None:
         if role not in ("primary", "backup"):
             raise ValueError(f"replica role must be primary or backup, got {role!r}")
         self.servicer, self.role = servicer, role
@@ -122,7 +128,7 @@ class Replica:
             )
 
     # ------------------------------------------------------------ applying
-    def apply(self, method: str, request, rid: str, run: Callable[[], object]):
+    def apply(self, method: str, request: Message, rid: str, run: Callable[[], Message]) -> Message:
         """Run a mutating request once (a retry gets the remembered answer) here and on the
         backup; the backup's copy is sent first, so both apply it at the same time."""
         with self.lock:
@@ -171,7 +177,7 @@ class Replica:
             return pb.ReplicateResponse()
         return pb.ReplicateResponse(response=answer.SerializeToString())
 
-    def _remember(self, method: str, rid: str, answer) -> None:
+    def _remember(self, method: str, rid: str, answer: Message) -> None:
         if not rid or not MUTATIONS[method][2]:
             return
         self.answers[rid] = (method, answer)
@@ -180,7 +186,7 @@ class Replica:
             _, (_, old) = self.answers.popitem(last=False)
             self._answer_bytes -= old.ByteSize()
 
-    def _send(self, method: str, request, rid: str) -> grpc.Future | None:
+    def _send(self, method: str, request: Message, rid: str) -> grpc.Future | None:
         if self._backup_stub is None:
             return None
         return self._backup_stub.Replicate.future(
@@ -189,7 +195,9 @@ class Replica:
             timeout=_FORWARD_TIMEOUT,
         )
 
-    def _settle(self, method: str, pending: grpc.Future, answer, error: Exception | None) -> None:
+    def _settle(
+        self, method: str, pending: grpc.Future, answer: Message | None, error: Exception | None
+    ) -> None:
         """Wait for the backup; drop it unless it did what we did (same answer, or the
         same refusal: validation is deterministic, so a bad request fails on both)."""
         try:
@@ -322,19 +330,26 @@ def _contribution_arrays(models: dict) -> dict[str, np.ndarray]:
 
 
 def snapshot(models: dict, answers: OrderedDict) -> bytes:
-    """Models, pending exactly-once contributions and remembered answers as one npz blob."""
+    """Models, pending exactly-once contributions and remembered answers as one npz blob.
+
+    The answers travel as one byte array and its end offsets: one npz entry per answer
+    (up to WINDOW of them) cost ~0.3 s here, with every mutation waiting, and ~0.9 s on
+    the backup to read back.
+    """
     arrays = checkpoint.model_arrays(models)
     arrays.update(_contribution_arrays(models))
     index = [[rid, method] for rid, (method, _) in answers.items()]
     arrays["answers"] = np.array(json.dumps(index))
-    for j, (_, answer) in enumerate(answers.values()):
-        arrays[f"a{j}"] = np.frombuffer(answer.SerializeToString(), dtype=np.uint8)
+    raw = [answer.SerializeToString() for _, answer in answers.values()]
+    arrays["answer_bytes"] = np.frombuffer(b"".join(raw), dtype=np.uint8)
+    arrays["answer_ends"] = np.cumsum([len(r) for r in raw], dtype=np.int64)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
 
 
 def restore_snapshot(blob: bytes) -> tuple[dict, OrderedDict]:
+    """Inverse of `snapshot`: (models with their pending contributions, answers)."""
     data = np.load(io.BytesIO(blob), allow_pickle=False)
     models = checkpoint.models_from_arrays(data)
     by_prefix = {f"c{i}": t for i, (_n, t) in enumerate(sorted(models.items()))}
@@ -345,8 +360,10 @@ def restore_snapshot(blob: bytes) -> tuple[dict, OrderedDict]:
                 int(r), int(part), int(chunk), data[key], data[key[:-1] + "v"]
             )
     answers: OrderedDict = OrderedDict()
-    for j, (rid, method) in enumerate(json.loads(str(data["answers"][()]))):
-        answers[rid] = (method, MUTATIONS[method][1].FromString(data[f"a{j}"].tobytes()))
+    raw, bounds = data["answer_bytes"].tobytes(), [0, *data["answer_ends"].tolist()]
+    index = json.loads(str(data["answers"][()]))
+    for (rid, method), start, end in zip(index, bounds[:-1], bounds[1:], strict=True):
+        answers[rid] = (method, MUTATIONS[method][1].FromString(raw[start:end]))
     return models, answers
 
 

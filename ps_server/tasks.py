@@ -11,6 +11,7 @@ Not thread-safe on its own: the coordinator calls it under its condition variabl
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ class TaskQueue:
     name: str
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     tasks: list[str] = field(default_factory=list)
-    todo: list[int] = field(default_factory=list)  # FIFO of ids
+    todo: deque[int] = field(default_factory=deque)  # FIFO of ids (O(1) at both ends)
     doing: dict[int, tuple[str, float]] = field(default_factory=dict)  # id -> (worker, since)
     done: set[int] = field(default_factory=set)
     leases: dict[int, int] = field(default_factory=dict)  # id -> how often it was leased
@@ -53,7 +54,7 @@ class TaskQueue:
         """(id, task, earlier leases) of the next TODO task, now DOING for `worker`."""
         if not self.todo:
             return None
-        tid = self.todo.pop(0)
+        tid = self.todo.popleft()
         self.doing[tid] = (worker, now)
         attempt = self.leases.get(tid, 0)
         self.leases[tid] = attempt + 1
@@ -66,7 +67,8 @@ class TaskQueue:
         if tid in self.done:
             return False
         holder = self.doing.pop(tid, None)
-        if tid in self.todo:  # finished by a worker whose lease had lapsed: still counts
+        # DOING and TODO are disjoint, so only a task nobody holds needs the O(n) search
+        if holder is None and tid in self.todo:  # its lease had lapsed: the finish counts
             self.todo.remove(tid)
         if holder is not None and holder[0] != worker:
             log.info(
@@ -82,9 +84,9 @@ class TaskQueue:
     def requeue(self, match: Callable[[str], bool], why: str) -> int:
         """Give back every DOING task whose worker matches; returns how many."""
         back = sorted(t for t, (w, _) in self.doing.items() if match(w))
+        self.todo.extendleft(reversed(back))  # next in line, in id order
         for tid in back:
             worker, _ = self.doing.pop(tid)
-            self.todo.insert(0, tid)
             log.warning(
                 "queue %s: task %d (%r) of worker %s back to TODO: %s",
                 self.name,
@@ -96,12 +98,15 @@ class TaskQueue:
         return len(back)
 
     def expire(self, now: float, last_seen: Callable[[str], float]) -> int:
-        """Requeue leases whose worker was silent (no lease, no heartbeat) for the lease time."""
-        stale = {
-            w
-            for t, (w, since) in self.doing.items()
-            if now - max(since, last_seen(w)) > self.lease_seconds
-        }
+        """Requeue the leases of workers silent (no lease, no heartbeat) for the lease time.
+
+        A worker's newest lease counts as a sign of life for all its leases: a worker that
+        just leased a task is alive and keeps the others it holds.
+        """
+        latest: dict[str, float] = {}
+        for w, since in self.doing.values():
+            latest[w] = max(latest.get(w, since), since)
+        stale = {w for w, t in latest.items() if now - max(t, last_seen(w)) > self.lease_seconds}
         if not stale:
             return 0
         return self.requeue(lambda w: w in stale, f"lease of {self.lease_seconds}s expired")

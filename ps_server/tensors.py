@@ -127,15 +127,19 @@ class Tensor:
                 )
 
     @contextmanager
-    def _growing(self, keys: np.ndarray, doing: str) -> Iterator[None]:
+    def growing(self, keys: np.ndarray, doing: str, freed: int = 0) -> Iterator[None]:
         """Check the budgets for the rows `keys` would create, then let the caller create
-        them while holding the shard's budget lock (so two models cannot both pass)."""
+        them while holding the shard's budget lock (so two models cannot both pass).
+
+        `freed`: bytes the caller releases along with it (contributions it folds in and
+        drops), so folding them into rows is checked by what it adds, not twice over.
+        """
         shard_wide = self.memory is not None and self.memory.budget > 0
         if not shard_wide and not self.spec.budget_bytes:
             yield
             return
         with self.memory.lock if shard_wide else nullcontext():
-            self._check_budget(self.store.growth(keys), self.nbytes, doing)
+            self._check_budget(self.store.growth(keys) - freed, self.nbytes, doing)
             yield
 
     @classmethod
@@ -221,7 +225,7 @@ class Tensor:
     def pull(self, keys: np.ndarray, slot: str) -> np.ndarray:
         self._check_slot(slot)
         create = self.spec.create_on_pull
-        with self.lock, self._growing(keys if create else keys[:0], "pull from"):
+        with self.lock, self.growing(keys if create else keys[:0], "pull from"):
             return np.array(self.store.gather(keys, slot or "w", create=create))
 
     def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +252,7 @@ class Tensor:
             )
 
     def push(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
-        with self.lock, self._growing(keys, "push to"):
+        with self.lock, self.growing(keys, "push to"):
             if op == pb.ADD:
                 self.store.add(keys, values)
             elif op == pb.SET:

@@ -8,13 +8,20 @@ leased shards back at once instead of waiting for their leases to lapse.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from spark_ps.client import PSClient
 
+if TYPE_CHECKING:
+    import psutil
+
 __all__ = ["executor_id", "executor_jvm", "worker_name", "leased_tasks"]
+
+log = logging.getLogger("spark_ps.tasks")
 
 _EXECUTOR_FILE = "spark-ps-executor.properties"  # written by io.sparkps.bridge.PSPlugin
 
@@ -36,7 +43,7 @@ def executor_id() -> str:
     return "driver"
 
 
-def executor_jvm():
+def executor_jvm() -> psutil.Process | None:
     """The JVM this Python worker serves (the nearest ``java`` ancestor, a psutil.Process),
     or None outside Spark."""
     import psutil
@@ -64,13 +71,18 @@ def leased_tasks(
 
     A task is marked DONE when the caller asks for the next one (so a worker that dies
     while processing it gives it back); a background thread heartbeats meanwhile, so a
-    slow but live worker keeps its lease.
+    slow but live worker keeps its lease. A failed beat (the coordinator briefly away) is
+    logged and the next one tried: the thread used to die on it, and the lease lapsed while
+    the worker kept working, so its task was done twice.
     """
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(heartbeat_seconds):
-            client.heartbeat(queue, worker)
+            try:
+                client.heartbeat(queue, worker)
+            except Exception as e:  # noqa: BLE001 - the next beat may get through
+                log.warning("queue %s: heartbeat of %s failed: %s", queue, worker, e)
 
     threading.Thread(target=beat, name=f"spark-ps lease {worker}", daemon=True).start()
     try:

@@ -68,6 +68,7 @@ def test_incomplete_step_is_pending_and_a_retry_replaces_its_part(ps):
     _gather(ps, topic, 0, 0, 2, [7.0], wait=0.2)  # part 0 again: replaces, never adds
     meta, arrays = _gather(ps, topic, 0, 1, 2, [1.0])
     np.testing.assert_array_equal(arrays[0], [[7.0], [1.0]])
+    ps.client.call("rendezvous.drop", [], {"topic": topic})
 
 
 def _hist(rng, n_slots, f, n_bins):
@@ -135,4 +136,17 @@ def test_a_step_that_failed_is_tried_afresh_after_a_replay(ps):
     call(4, root, {})  # the replay: the root again
     ((meta, arrays),) = call(5, root // 2, below)
     assert meta == {"pending": False} and decode_splits(arrays[0]).size == 2
+    ps.client.call("rendezvous.drop", [], {"topic": topic})
+
+
+def test_a_part_with_another_n_parts_is_refused_and_the_set_still_completes(ps):
+    """A mismatched count would complete the set too early (parts missing) or never."""
+    topic = _topic()
+    meta, _ = _gather(ps, topic, 0, 0, 2, [5.0], wait=0.1)
+    assert meta == {"pending": True}
+    with pytest.raises(PSError, match=r"part 1 says n_parts 3, but parts \[0\] said 2") as err:
+        _gather(ps, topic, 0, 1, 3, [6.0])
+    assert err.value.code.name == "INVALID_ARGUMENT"
+    meta, arrays = _gather(ps, topic, 0, 1, 2, [7.0])
+    np.testing.assert_array_equal(arrays[0], [[5.0], [7.0]])
     ps.client.call("rendezvous.drop", [], {"topic": topic})

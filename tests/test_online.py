@@ -306,3 +306,173 @@ def test_commit_applies_a_round_once_and_only_its_current_parts(ps):
     finally:
         state.drop()
         ledger.drop()
+
+
+@pytest.mark.timeout(60)
+def test_commit_refuses_bad_args_by_name_and_changes_nothing(ps):
+    """A malformed commit is INVALID_ARGUMENT naming the arg (not INTERNAL), applies nothing."""
+    from spark_ps.client import PSError
+    from spark_ps.models import PSMatrix, PSVector
+
+    state = PSMatrix.sparse(2, 2**40, name="online-bad/state", context=ps)
+    ledger = PSVector.sparse(name="online-bad/ledger", dtype="int64", context=ps)
+    floats = PSVector.sparse(name="online-bad/floats", context=ps)
+    keys = np.array([5, 2**39 + 7], dtype=np.int64)
+    try:
+        state.aggregate(keys, np.ones((2, 2)), round=1, part=0)
+        specs = [state.spec, ledger.spec]
+        bad = [
+            (specs, {"parts": 1}, r"arg 'round' must be an integer, got None"),
+            (specs, {"round": "1", "parts": 1}, r"arg 'round' must be an integer, got '1'"),
+            (specs, {"round": 1, "parts": -1}, r"parts must be >= 0, got -1"),
+            (specs[:1], {"round": 1, "parts": 1}, r"takes 2 models \(state, ledger\), got 1"),
+            ([state.spec, floats.spec], {"round": 1, "parts": 1}, r"sparse int64 vector"),
+        ]
+        for models, args, match in bad:
+            with pytest.raises(PSError, match=match) as err:
+                ps.client.call("online.commit", models, args)
+            assert err.value.code.name == "INVALID_ARGUMENT", err.value
+        with pytest.raises(PSError, match=r"online.discard: arg 'round' must be an integer"):
+            ps.client.call("online.discard", [state.spec], {"round": 1.5})
+        ledgers = ps.client.call("online.applied", [ledger.spec])
+        assert all(ids.size == 0 for _, (ids, _tags) in ledgers)
+        np.testing.assert_array_equal(state.pull(keys), np.zeros((2, 2)))  # nothing applied
+        # the contribution is still pending: a good commit applies it exactly once
+        ps.client.call("online.commit", [state.spec, ledger.spec], {"round": 1, "parts": 1})
+        np.testing.assert_array_equal(state.pull(keys), np.ones((2, 2)))
+    finally:
+        for t in (state, ledger, floats):
+            t.drop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_shard_restart_mid_batch_fails_it_instead_of_losing_its_updates(
+    spark, stream_dir, trained, tmp_path, monkeypatch
+):
+    """SIGKILL a shard after batch 2 was learned, before its commit: the shard comes back
+    from the checkpoint of batch 1 without batch 2's contributions. The batch must fail
+    (the commit's retry used to mark it applied there with nothing added); after a restore
+    the restarted query learns it again and ends bit for bit where a clean run does."""
+    import os
+    import signal
+    import time
+
+    from pyspark.errors import StreamingQueryException
+
+    from spark_ps import PSContext
+
+    clean, _ = trained
+    own = PSContext.start(numShards=2, checkpointDir=str(tmp_path / "ps-ckpt"))
+    previous, PSContext._active = PSContext._active, own
+    learner = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="restarted")
+    chaos = online_learner._chaos
+
+    def kill_shard_before_commit_2(point: str, batch_id: int) -> None:
+        chaos(point, batch_id)
+        if point == "before_commit" and int(batch_id) == 2 and not own.metrics().get("restart"):
+            before = own.client.shard_restarts()
+            os.kill(own.client.health()[1].pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while own.client.shard_restarts() == before:  # back from batch 1's checkpoint
+                assert time.monotonic() < deadline, "shard 1 was not restarted"
+                time.sleep(0.1)
+
+    monkeypatch.setattr(online_learner, "_chaos", kill_shard_before_commit_2)
+    try:
+        ckpt = tmp_path / "query"
+        with pytest.raises(StreamingQueryException, match="shard restarted during micro-batch 2"):
+            _run(spark, learner, stream_dir / "src", ckpt)
+        assert learner.appliedBatches().tolist() == [0, 1]  # no shard marked 2 applied
+        own.recover()
+        _run(spark, learner, stream_dir / "src", ckpt)
+        assert learner.appliedBatches().tolist() == list(range(FILES))
+        keys_a, zn_a = _state(clean)
+        keys_b, zn_b = _state(learner)
+        np.testing.assert_array_equal(keys_a, keys_b)
+        np.testing.assert_array_equal(zn_a, zn_b)
+    finally:
+        learner.drop()
+        PSContext._active = previous
+        own.stop()
+
+
+@pytest.mark.timeout(60)
+def test_batch_status_from_the_ledgers(ps):
+    """applied / partial (committed on some shards only) / new, a foreign query's batch,
+    and a gap (the PS restored from an older checkpoint than the query's) refused."""
+    learner = OnlineLogisticRegression(featuresCol="keys", modelName="status", numFeatures=100)
+    cfg = learner._config(ps)
+    try:
+
+        def commit(batch: int, tag: int, shards=None) -> None:
+            args = {"round": batch, "parts": 2, "tag": (tag << online_learner._PARTS_BITS) | 2}
+            ps.client.call(
+                "online.commit", [cfg.state.spec, learner._ledger.spec], args, shards=shards
+            )
+
+        for b in range(3):
+            commit(b, tag=7)
+        commit(3, tag=7, shards=[0])  # the driver died mid-commit
+        assert learner._status(1, 7) == ("applied", 2)
+        assert learner._status(3, 7) == ("partial", 2)
+        assert learner._status(4, 7) == ("new", 0)
+        assert learner.appliedBatches().tolist() == [0, 1, 2]
+        # what _status reads per micro-batch: one entry and the highest id, not the ledger
+        one = ps.client.call("online.applied", [learner._ledger.spec], {"round": 1})
+        assert [ids.tolist() for _, (ids, _tags) in one] == [[1], [1]]
+        assert [meta["latest"] for meta, _ in one] == [3, 2] and [m["count"] for m, _ in one] == [
+            4,
+            3,
+        ]
+        with pytest.raises(RuntimeError, match="learned by another streaming query"):
+            learner._status(2, 8)
+        with pytest.raises(RuntimeError, match=r"up to 3 but the query is at batch 6"):
+            learner._status(6, 7)
+    finally:
+        learner.drop()
+
+
+@pytest.mark.timeout(60)
+def test_commit_past_the_models_budget_is_refused_and_changes_nothing(ps):
+    """Folding a batch into the state creates rows: a budget it would pass refuses the
+    commit whole (it used to grow the state past it); the folded contributions count as
+    released, so a budget the committed state fits lets it through."""
+    from spark_ps.client import PSError
+    from spark_ps.models import PSMatrix, PSVector
+
+    keys = np.random.default_rng(0).choice(2**40, 1000, replace=False)
+    made = []
+    try:
+        for budget in (20_000, 30_000):  # per shard; ~500 rows hold 28,672 bytes there
+            state = PSMatrix.sparse(
+                2, 2**40, name=f"online-budget-{budget}/state", context=ps, budget_bytes=budget
+            )
+            ledger = PSVector.sparse(
+                name=f"online-budget-{budget}/ledger", dtype="int64", context=ps
+            )
+            made += [state, ledger]
+            state.aggregate(keys, np.ones((keys.size, 2)), round=0, part=0)
+            args = {"round": 0, "parts": 1}
+            if budget == 20_000:
+                with pytest.raises(
+                    PSError,
+                    match="committing batch 0 to model .* past its budget "
+                    "of 20000 bytes; nothing was changed",
+                ) as err:
+                    ps.client.call("online.commit", [state.spec, ledger.spec], args)
+                assert err.value.code.name == "RESOURCE_EXHAUSTED"
+                assert [r["rows"] for r, _ in ps.client.call("online.footprint", [state.spec])] == [
+                    0,
+                    0,
+                ]
+                assert all(
+                    ids.size == 0
+                    for _, (ids, _t) in ps.client.call("online.applied", [ledger.spec])
+                )
+            else:
+                ps.client.call("online.commit", [state.spec, ledger.spec], args)
+                np.testing.assert_array_equal(state.pull(keys), np.ones((keys.size, 2)))
+    finally:
+        for t in made:
+            t.drop()

@@ -149,3 +149,68 @@ def test_spark_tasks_drain_a_queue_under_executor_names(spark, own_ps):
     assert sorted(task for _, task in out) == shards  # each shard once
     assert {name for name, _ in out} <= {"executor:driver/p0", "executor:driver/p1"}
     assert own_ps.client.get_task("days", "x", timeout=0).drained
+
+
+def test_queue_expiry_counts_a_workers_newest_lease_and_requeues_in_id_order():
+    """The queue alone (no coordinator): a worker that just leased is alive and keeps its
+    older lease; a silent one's leases come back next, in id order."""
+    from ps_server.tasks import TaskQueue
+
+    q = TaskQueue("unit", lease_seconds=60.0)
+    q.add([f"t{i}" for i in range(5)], 0)
+    never = lambda w: -1e18  # noqa: E731 - no heartbeats at all
+    assert q.lease("a", 0.0)[0] == 0 and q.lease("b", 0.0)[0] == 1
+    assert q.lease("b", 5.0)[0] == 2 and q.lease("a", 50.0)[0] == 3
+    assert q.expire(70.0, never) == 2  # b (silent since 5 s) loses 1 and 2; a keeps 0 and 3
+    assert sorted(q.doing) == [0, 3] and list(q.todo) == [1, 2, 4]
+    assert q.lease("c", 70.0)[1:] == ("t1", 1)  # the requeued task first, its 2nd lease
+    assert q.expire(70.0, lambda w: 69.0) == 0  # heartbeats keep every lease
+    assert q.expire(111.0, never) == 2 and list(q.todo) == [0, 3, 2, 4]  # a: silent 61 s
+
+
+def test_queue_operations_stay_constant_time_per_task():
+    """50k tasks leased and finished: was O(n) per call (list.pop(0), `in` on the TODO list)
+    under the coordinator's lock, ~17 s of CPU; now well under a second."""
+    from ps_server.tasks import TaskQueue
+
+    n = 50_000
+    q = TaskQueue("big")
+    q.add([f"s{i}" for i in range(n)], 0)
+    t0 = time.process_time()
+    while (got := q.lease("w", 0.0)) is not None:
+        assert q.finish(got[0], "w")
+    assert q.drained and len(q.done) == n
+    assert time.process_time() - t0 < 3.0
+
+
+class _FlakyHeartbeats(PSClient):
+    """A real client whose first heartbeat fails, as when the coordinator is briefly away."""
+
+    failed = 0
+
+    def heartbeat(self, group: str, worker: str) -> None:
+        if not self.failed:
+            self.failed += 1
+            raise PSError("coordinator unavailable (injected)", rpc="Heartbeat")
+        super().heartbeat(group, worker)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_heartbeat_does_not_let_a_live_workers_lease_lapse(own_ps):
+    from spark_ps.tasks import leased_tasks
+
+    own_ps.client.add_tasks("beats", ["only"], lease_seconds=2.5)
+    client = _FlakyHeartbeats(own_ps.address, own_ps.token)
+    other = PSClient(own_ps.address, own_ps.token)
+    try:
+        leases = leased_tasks(client, "beats", "slow-worker", heartbeat_seconds=0.3)
+        assert next(leases)[1] == "only"
+        time.sleep(4.0)  # working for longer than the lease time, beating (after one failure)
+        assert client.failed == 1
+        stolen = other.get_task("beats", "eager-worker", timeout=0)
+        assert stolen.task_id == -1 and not stolen.drained  # still ours
+        assert list(leases) == []  # finishes it; the queue is drained
+        assert other.get_task("beats", "eager-worker", timeout=0).drained
+    finally:
+        client.close()
+        other.close()

@@ -41,7 +41,7 @@ class Rendezvous:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._parts: dict[tuple[str, int], dict[int, Any]] = {}
+        self._parts: dict[tuple[str, int], tuple[int, dict[int, Any]]] = {}  # (n_parts, parts)
         self._done: dict[tuple[str, int], tuple[bool, Any]] = {}  # (ok, answer or error)
         self._scratch: dict[str, dict] = {}
 
@@ -62,13 +62,21 @@ class Rendezvous:
         """Leave `value` as `part`'s share of step `key`; (True, answer) once all `n_parts`
         are in (`compute(parts)` runs once, on the completing call), (False, None) if the
         set is still incomplete after `wait` seconds. If `compute` raises, the callers
-        waiting then get the error and the step starts afresh with the next call."""
+        waiting then get the error and the step starts afresh with the next call. A call
+        whose `n_parts` differs from the pending set's is refused: the set would complete
+        at the wrong count (too early, with parts missing, or never)."""
         deadline = time.monotonic() + min(max(float(wait), 0.0), _MAX_WAIT)
         with self._cond:
             if key in self._done and not self._done[key][0]:
                 del self._done[key]  # a failed step is tried afresh (e.g. by a replay)
             if key not in self._done:
-                parts = self._parts.setdefault(key, {})
+                expected, parts = self._parts.setdefault(key, (n_parts, {}))
+                if expected != n_parts:
+                    raise RequestError(
+                        "INVALID_ARGUMENT",
+                        f"step {key[1]} of {key[0]!r}: part {part} says n_parts {n_parts}, "
+                        f"but parts {sorted(parts)} said {expected}",
+                    )
                 parts[part] = value
                 if len(parts) >= n_parts:
                     del self._parts[key]
@@ -128,7 +136,7 @@ def check_step_args(args: Any, what: str) -> tuple[str, int, int, int, float]:
     return topic, step, part, n_parts, wait
 
 
-def gather(tensors, args: dict, arrays: list[np.ndarray]):
+def gather(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """All-gather: every partition's float64 vector, stacked in partition order.
 
     args: topic, step, part, n_parts, wait; arrays: [this partition's vector].
@@ -148,7 +156,7 @@ def gather(tensors, args: dict, arrays: list[np.ndarray]):
     return ({"pending": not ok}, [out] if ok else [])
 
 
-def drop(tensors, args: dict, arrays: list[np.ndarray]):
+def drop(tensors: list, args: dict, arrays: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
     """Forget a finished job's steps: args {topic}."""
     if not isinstance(args, dict) or not args.get("topic"):
         raise RequestError("INVALID_ARGUMENT", "rendezvous.drop needs args {topic}")

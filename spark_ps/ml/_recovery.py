@@ -22,9 +22,12 @@ import copy
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ps_server.checkpoint import read_manifest, sealed_versions
+
+if TYPE_CHECKING:
+    from spark_ps.ml._job import PSJob
 
 __all__ = ["FitRecovery", "ShardRestarted", "MAX_RESTORES"]
 
@@ -50,7 +53,9 @@ class FitRecovery:
     barrier stage and the retried tasks resume from the trees the driver has read).
     """
 
-    def __init__(self, job, interval: int, *, ps_state: bool, what: str, watch: bool = True):
+    def __init__(
+        self, job: PSJob, interval: int, *, ps_state: bool, what: str, watch: bool = True
+    ) -> None:
         self.job, self.ps, self.what = job, job.ps, what
         self.uri = getattr(self.ps, "checkpoint_dir", "") or ""
         self.interval, self.ps_state = int(interval), ps_state

@@ -220,6 +220,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         micro-batch) and commit it exactly once."""
         ps = PSContext.getOrCreate(batch.sparkSession)
         cfg = self._config(ps)
+        restarts = ps.client.shard_restarts()
         sc = batch.sparkSession.sparkContext
         tag = _query_tag(sc.getLocalProperty("sql.streaming.queryId"))
         status, parts = self._status(int(batch_id), tag)
@@ -249,26 +250,47 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
                 }
             )
         _chaos("before_commit", batch_id)
+        self._check_restarts(ps, restarts, int(batch_id))  # its contributions may be gone
         ps.client.call(
             "online.commit",
             [cfg.state.spec, self._ledger.spec],
             {"round": int(batch_id), "parts": parts, "tag": (tag << _PARTS_BITS) | parts},
         )
+        self._check_restarts(ps, restarts, int(batch_id))  # one restarted during the commit
         self._committed += 1
         interval = int(self.getOrDefault("psCheckpointInterval"))
         if ps.checkpoint_dir and interval and self._committed % interval == 0:
-            ps.checkpoint()
+            # sealed only if no shard restarted since the batch began (else a torn snapshot)
+            ps.client.checkpoint(
+                ps.checkpoint_dir, ps.next_version(ps.checkpoint_dir), restarts=restarts
+            )
         _chaos("after_commit", batch_id)
+
+    def _check_restarts(self, ps: PSContext, before: int, batch_id: int) -> None:
+        """Fail the batch if a shard restarted since it began. The shard came back from a
+        checkpoint without this batch's pending contributions, and the commit (or the
+        client's retry of it) then marked the batch applied there with nothing added: its
+        updates on that shard's keys were silently lost. Failing leaves the batch unlogged
+        by Spark, so a restore of the PS checkpoint and a restarted query learn it again."""
+        now = ps.client.shard_restarts()
+        if now != before:
+            raise RuntimeError(
+                f"a PS shard restarted during micro-batch {batch_id} of model {self._name()!r} "
+                f"(restart count {before} -> {now}): it lost this batch's pending updates. "
+                "Restore the PS from its newest checkpoint (PSContext.recover()) and restart "
+                "the query from its checkpointLocation; the batch is then learned again"
+            )
 
     def _ledger_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
         resp = self._ledger.client.call("online.applied", [self._ledger.spec])
         return [(arrays[0], arrays[1]) for _, arrays in resp]
 
     def _status(self, batch_id: int, tag: int) -> tuple[str, int]:
-        """("applied" | "partial" | "new", parts) of ``batch_id`` from every shard's ledger."""
-        shards = self._ledger_rows()
-        hits = [vals[ids == batch_id] for ids, vals in shards]
-        done = [int(h[0]) for h in hits if h.size]
+        """("applied" | "partial" | "new", parts) of ``batch_id`` from every shard's ledger
+        (each shard sends its entry of this batch and its highest id, not its whole ledger)."""
+        resp = self._ledger.client.call("online.applied", [self._ledger.spec], {"round": batch_id})
+        shards = [(meta["latest"], tags) for meta, (_ids, tags) in resp]
+        done = [int(tags[0]) for _, tags in shards if tags.size]
         others = {int(v) >> _PARTS_BITS for v in done}
         if done and tag and others - {tag}:
             raise RuntimeError(
@@ -279,7 +301,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             return ("applied" if len(done) == len(shards) else "partial"), done[0] & (
                 (1 << _PARTS_BITS) - 1
             )
-        latest = max((int(ids.max()) for ids, _ in shards if ids.size), default=None)
+        latest = max((top for top, _ in shards if top is not None), default=None)
         if latest is not None and batch_id > latest + 1:
             raise RuntimeError(
                 f"model {self._name()!r} has learned batches up to {latest} but the query is at "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from pyspark.ml.classification import (
+    LogisticRegressionModel as MLlibLogisticRegressionModel,
+)
 from pyspark.ml.linalg import Vector
 
 from spark_ps.data import CSRBatch
@@ -88,7 +91,7 @@ class LiveLogisticRegressionModel(LogisticRegressionModel):
     def coefficientValues(self) -> np.ndarray:
         return self.snapshot().coefficientValues
 
-    def toMLlib(self):
+    def toMLlib(self) -> MLlibLogisticRegressionModel:
         """A genuine MLlib model of the current weights (see ``LogisticRegressionModel``)."""
         return self.snapshot().toMLlib()
 

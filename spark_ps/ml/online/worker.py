@@ -136,7 +136,7 @@ def _maybe_fail(ctx: TaskContext, batch_id: str, part: int) -> None:
         raise RuntimeError(f"injected failure of task {part} of batch {batch_id} after its push")
 
 
-def learn_partition(cfg: FTRLConfig, batches: Iterator[pa.RecordBatch]):
+def learn_partition(cfg: FTRLConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: one stats row per task (also for empty partitions)."""
     ctx = TaskContext.get()
     part = ctx.partitionId()
