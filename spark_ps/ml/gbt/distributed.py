@@ -72,6 +72,8 @@ def _row_ids(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 def _setup(prepared: PreparedData):
     features, label, weight = prepared.features_col, prepared.label_col, prepared.weight_col
     submitted = time.time()
+    # _dense_rows hands vectors over as array<double>: read them straight into a matrix
+    dense = {"dense_matrix": True} if prepared.features_kind in ("vector", "dense") else {}
 
     def setup(batches, ctx: WorkerContext) -> None:
         prof = ctx.state["_prof"] = defaultdict(float)
@@ -79,7 +81,7 @@ def _setup(prepared: PreparedData):
         t0 = time.perf_counter()
         batches = list(batches)
         t1 = time.perf_counter()
-        csr = read_partition(batches, features, label_col=label, weight_col=weight)
+        csr = read_partition(batches, features, label_col=label, weight_col=weight, **dense)
         t2 = time.perf_counter()
         flags = (
             np.concatenate(
@@ -91,7 +93,10 @@ def _setup(prepared: PreparedData):
             if batches
             else np.zeros(0, bool)
         )
-        X = csr.to_dense() if csr.n_rows else np.zeros((0, csr.num_features))
+        if dense:  # array<double> rows: one reshape, no index arrays
+            X = csr.matrix
+        else:
+            X = csr.to_dense() if csr.n_rows else np.zeros((0, csr.num_features))
         w = csr.weights if csr.weights is not None else np.ones(csr.n_rows)
         y = csr.labels if csr.labels is not None else np.zeros(0)
         val = flags.astype(bool)
@@ -155,8 +160,9 @@ def _sketch_keys(feat: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def _apply_bins(s: dict, thresholds: list, loss_type: str) -> None:
     thresholds = [np.asarray(t, dtype=np.float64) for t in thresholds]
-    s["bins"] = np.asfortranarray(bin_matrix(s["X"], thresholds))
-    s["vbins"] = bin_matrix(s["Xv"], thresholds) if s["Xv"].size else None
+    # C order: the compiled histogram and routing passes read a row's bins together
+    s["bins"] = np.ascontiguousarray(bin_matrix(s["X"], thresholds))
+    s["vbins"] = np.ascontiguousarray(bin_matrix(s["Xv"], thresholds)) if s["Xv"].size else None
     s["pred"], s["vpred"] = np.zeros(s["y"].size), np.zeros(s["yv"].size)
     loss = get_loss(loss_type)
     s["loss"] = loss

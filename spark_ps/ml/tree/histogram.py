@@ -32,6 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ps_server.functions.gbt import derive_children  # numpy-only; shards subtract too
+from spark_ps.ml.tree.kernels import HAVE_JIT, histogram_pass
 
 __all__ = [
     "FixedPointScale",
@@ -139,14 +140,16 @@ def build_histograms(
     Parameters
     ----------
     bins : uint8/uint16 (n, f)
-        Binned features (Fortran order is fastest: columns are read one at a time).
+        Binned features; C order is fastest (the compiled pass reads a row's bins together,
+        the numpy fallback prefers Fortran order).
     slot_of_row : int (n,)
         Histogram slot of each row (its node's position in this layer), -1 to skip the row
         (already in a leaf, subsampled out, or in a sibling derived by subtraction).
     row_stats : int64 (3, n)
         From :func:`quantize_rows`.
     unit_weight : int, optional
-        If every weight is 1, pass :func:`unit_weight`'s value: sum w is then count * unit.
+        If every weight is 1, pass :func:`unit_weight`'s value: sum w is then count * unit
+        (saves the numpy fallback a pass; the compiled pass adds it anyway).
     """
     bins = np.asarray(bins)
     n, f = bins.shape
@@ -156,9 +159,18 @@ def build_histograms(
             f"bins {bins.shape}, slot_of_row {slot_of_row.shape} and row_stats "
             f"{row_stats.shape} disagree on the number of rows"
         )
-    rows = np.flatnonzero(slot_of_row >= 0)
-    if rows.size and slot_of_row[rows].max() >= n_slots:
+    if n and slot_of_row.max() >= n_slots:
         raise ValueError(f"slot_of_row has a slot >= n_slots={n_slots}")
+    if HAVE_JIT:
+        slot = np.asarray(slot_of_row, dtype=np.int32)
+        return histogram_pass(bins, slot, np.asarray(row_stats, np.int64), n_slots, n_bins)
+    return _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight)
+
+
+def _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight):
+    """The same histograms without numba: one bincount / ``np.add.at`` per feature."""
+    n, f = bins.shape
+    rows = np.flatnonzero(slot_of_row >= 0)
     every_row = rows.size == n
     base = slot_of_row[rows].astype(np.intp) * n_bins if n_slots > 1 else None
     q = row_stats if every_row else row_stats[:, rows]

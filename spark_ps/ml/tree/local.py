@@ -62,6 +62,7 @@ from spark_ps.ml.tree.histogram import (
     unit_weight,
     weight_exponent,
 )
+from spark_ps.ml.tree.kernels import HAVE_JIT, route_pass
 from spark_ps.ml.tree.loss import Loss, get_loss, remap_labels
 from spark_ps.ml.tree.tree import TreeArrays
 
@@ -410,6 +411,8 @@ def route_rows(
     split_now: np.ndarray,
 ) -> np.ndarray:
     """Move rows of nodes split this layer to their child (bin <= split bin goes left)."""
+    if HAVE_JIT:
+        return route_pass(bins, node_of_row, split_feature, split_bin, left, right, split_now)
     node_of_row = np.array(node_of_row, dtype=np.int32, copy=True)
     rows = np.flatnonzero(split_now[node_of_row])
     nodes = node_of_row[rows]
