@@ -83,3 +83,20 @@ def test_route_equals_numpy(order):
     np.testing.assert_array_equal(got, _numpy_route(bins, node, *args))
     assert got.dtype == np.int32 and set(np.unique(got[node == 1])) == {1}  # node 1 stays
     assert set(np.unique(got[node == 0])) == {1, 2}  # node 0's rows went to both children
+
+
+def test_node_histograms_equal_slot_histograms():
+    rng = np.random.default_rng(3)
+    n, f, n_nodes = 3000, 4, 6
+    bins = rng.integers(0, 16, (n, f)).astype(np.uint8)
+    node = rng.integers(0, n_nodes, n).astype(np.int32)
+    slot_of_node = np.array([-1, 0, -1, 1, 2, -1], np.int32)
+    in_sample = rng.random(n) < 0.7
+    stats = rng.integers(-(2**40), 2**40, (3, n))
+    got = H.build_node_histograms(bins, node, slot_of_node, in_sample, stats, 3, 16)
+    slot = np.where(in_sample, slot_of_node[node], -1)
+    np.testing.assert_array_equal(got, H._numpy_histograms(bins, slot, stats, 3, 16, None))
+    with pytest.raises(ValueError, match=r"node outside \[0, 6\)"):
+        H.build_node_histograms(bins, node + 1, slot_of_node, in_sample, stats, 3, 16)
+    with pytest.raises(ValueError, match="slot >= n_slots=2"):
+        H.build_node_histograms(bins, node, slot_of_node, in_sample, stats, 2, 16)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ps_server.functions.gbt import derive_children  # numpy-only; shards subtract too
-from spark_ps.ml.tree.kernels import HAVE_JIT, histogram_pass
+from spark_ps.ml.tree.kernels import HAVE_JIT, histogram_pass, node_histogram_pass
 
 __all__ = [
     "FixedPointScale",
@@ -41,6 +41,7 @@ __all__ = [
     "STAT_SUM",
     "STAT_SUM_SQ",
     "build_histograms",
+    "build_node_histograms",
     "choose_scale",
     "derive_children",
     "node_totals",
@@ -165,6 +166,41 @@ def build_histograms(
         slot = np.asarray(slot_of_row, dtype=np.int32)
         return histogram_pass(bins, slot, np.asarray(row_stats, np.int64), n_slots, n_bins)
     return _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight)
+
+
+def build_node_histograms(
+    bins: np.ndarray,
+    node_of_row: np.ndarray,
+    slot_of_node: np.ndarray,
+    in_sample: np.ndarray,
+    row_stats: np.ndarray,
+    n_slots: int,
+    n_bins: int,
+    *,
+    unit_weight: int | None = None,
+) -> np.ndarray:
+    """:func:`build_histograms` of a layer, the slot of row ``r`` being
+    ``slot_of_node[node_of_row[r]]`` if ``in_sample[r]`` else -1 (what the tree workers have).
+    """
+    bins = np.asarray(bins)
+    n = bins.shape[0]
+    node_of_row = np.asarray(node_of_row, dtype=np.int32)
+    slot_of_node = np.asarray(slot_of_node, dtype=np.int32)
+    in_sample = np.asarray(in_sample, dtype=bool)
+    if node_of_row.shape != (n,) or in_sample.shape != (n,) or row_stats.shape != (3, n):
+        raise ValueError(
+            f"bins {bins.shape}, node_of_row {node_of_row.shape}, in_sample {in_sample.shape} "
+            f"and row_stats {row_stats.shape} disagree on the number of rows"
+        )
+    if n and (node_of_row.min() < 0 or node_of_row.max() >= slot_of_node.size):
+        raise ValueError(f"node_of_row holds a node outside [0, {slot_of_node.size})")
+    if slot_of_node.size and slot_of_node.max() >= n_slots:
+        raise ValueError(f"slot_of_node has a slot >= n_slots={n_slots}")
+    if not HAVE_JIT:
+        slot = np.where(in_sample, slot_of_node[node_of_row], -1)
+        return build_histograms(bins, slot, row_stats, n_slots, n_bins, unit_weight=unit_weight)
+    stats = np.asarray(row_stats, np.int64)
+    return node_histogram_pass(bins, node_of_row, slot_of_node, in_sample, stats, n_slots, n_bins)
 
 
 def _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight):
