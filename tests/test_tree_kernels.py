@@ -100,3 +100,21 @@ def test_node_histograms_equal_slot_histograms():
         H.build_node_histograms(bins, node + 1, slot_of_node, in_sample, stats, 3, 16)
     with pytest.raises(ValueError, match="slot >= n_slots=2"):
         H.build_node_histograms(bins, node, slot_of_node, in_sample, stats, 2, 16)
+
+
+@pytest.mark.parametrize(
+    "lo,hi,max_w,n", [(-1.0, 1.0, 1.0, 10), (-3e5, 7.5, 40.0, 10**7), (0.1, 0.1, 1e-3, 3)]
+)
+def test_quantize_equals_numpy(lo, hi, max_w, n, monkeypatch):
+    rng = np.random.default_rng(5)
+    t = np.concatenate([[lo, hi], rng.uniform(lo, hi, 997)])
+    w = np.concatenate([[max_w, 0.0], rng.uniform(0, max_w, 997)])
+    scale = H.choose_scale(lo, hi, max_w, n)
+    got = H.quantize_rows(t, w, scale)
+    monkeypatch.setattr(H, "HAVE_JIT", False)
+    np.testing.assert_array_equal(got, H.quantize_rows(t, w, scale))
+    # a bad row takes the numpy path, which names it
+    t[500] = hi + 10 * (hi - lo + 1)
+    monkeypatch.setattr(H, "HAVE_JIT", True)
+    with pytest.raises(ValueError, match=r"\(row 500\) lies outside the scale's range"):
+        H.quantize_rows(t, w, scale)

@@ -32,7 +32,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ps_server.functions.gbt import derive_children  # numpy-only; shards subtract too
-from spark_ps.ml.tree.kernels import HAVE_JIT, histogram_pass, node_histogram_pass
+from spark_ps.ml.tree.kernels import (
+    HAVE_JIT,
+    histogram_pass,
+    node_histogram_pass,
+    quantize_pass,
+)
 
 __all__ = [
     "FixedPointScale",
@@ -108,6 +113,10 @@ def quantize_rows(targets: np.ndarray, weights: np.ndarray, scale: FixedPointSca
     if targets.shape != weights.shape or targets.ndim != 1:
         raise ValueError(f"targets {targets.shape} and weights {weights.shape} must be equal 1-D")
     center, target_exp, weight_exp = scale
+    if HAVE_JIT:
+        fast = quantize_pass(targets, weights, center, int(target_exp), int(weight_exp))
+        if fast is not None:
+            return fast
     u = np.ldexp(targets - center, -target_exp)
     if u.size and not np.all(np.abs(u) <= 1.0):
         bad = int(np.argmax(~(np.abs(u) <= 1.0)))
