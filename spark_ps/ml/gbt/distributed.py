@@ -45,6 +45,7 @@ from spark_ps.ml.tree.binning import (
     summarize,
 )
 from spark_ps.ml.tree.histogram import weight_exponent
+from spark_ps.ml.tree.kernels import warm_up
 from spark_ps.ml.tree.local import resolve_params
 from spark_ps.ml.tree.loss import get_loss, remap_labels
 from spark_ps.ml.tree.tree import TreeArrays
@@ -78,6 +79,7 @@ def _setup(prepared: PreparedData):
     def setup(batches, ctx: WorkerContext) -> None:
         prof = ctx.state["_prof"] = defaultdict(float)
         prof["launch"] = time.time() - submitted  # job submitted -> this task reads its rows
+        warm_up()  # loads the compiled tree kernels while the JVM sends the rows
         t0 = time.perf_counter()
         batches = list(batches)
         t1 = time.perf_counter()

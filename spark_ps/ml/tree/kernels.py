@@ -15,10 +15,18 @@ process. Without numba (or with ``SPARK_PS_NO_JIT=1``) callers fall back to nump
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
-__all__ = ["HAVE_JIT", "histogram_pass", "node_histogram_pass", "quantize_pass", "route_pass"]
+__all__ = [
+    "HAVE_JIT",
+    "histogram_pass",
+    "node_histogram_pass",
+    "quantize_pass",
+    "route_pass",
+    "warm_up",
+]
 
 try:  # pragma: no cover - exercised by whichever environment runs the tests
     if os.environ.get("SPARK_PS_NO_JIT", "") not in ("", "0"):
@@ -168,3 +176,23 @@ def quantize_pass(
     ):
         return None
     return out
+
+
+def _warm() -> None:
+    """Call every kernel once with the argument types the workers use (uint8 C-order bins)."""
+    bins = np.zeros((2, 1), dtype=np.uint8)
+    i32 = np.zeros(2, dtype=np.int32)
+    node_histogram_pass(bins, i32, i32[:1], np.ones(2, bool), np.zeros((3, 2), np.int64), 1, 1)
+    histogram_pass(bins, i32, np.zeros((3, 2), np.int64), 1, 1)
+    route_pass(bins, i32, i32, i32, i32, i32, np.zeros(2, bool))
+    quantize_pass(np.zeros(2), np.ones(2), 0.0, 0, 0)
+
+
+def warm_up() -> threading.Thread | None:
+    """Load (or compile) the kernels in a background thread, e.g. while a worker waits for
+    its Arrow batches: the first use costs ~1-2 s of CPU even from numba's disk cache."""
+    if not HAVE_JIT:
+        return None
+    t = threading.Thread(target=_warm, name="spark-ps-jit-warm-up", daemon=True)
+    t.start()
+    return t
