@@ -118,3 +118,13 @@ def test_quantize_equals_numpy(lo, hi, max_w, n, monkeypatch):
     monkeypatch.setattr(H, "HAVE_JIT", True)
     with pytest.raises(ValueError, match=r"\(row 500\) lies outside the scale's range"):
         H.quantize_rows(t, w, scale)
+
+
+def test_route_refuses_unknown_nodes_and_features():
+    bins = np.zeros((4, 2), np.uint8)
+    args = [np.array(a, np.int32) for a in ([0], [0], [1], [2])]
+    with pytest.raises(ValueError, match=r"node outside \[0, 1\)"):
+        route_rows(bins, np.array([0, 1, 0, 0], np.int32), *args, np.array([True]))
+    args[0][0] = 2
+    with pytest.raises(ValueError, match=r"split feature lies outside \[0, 2\)"):
+        route_rows(bins, np.zeros(4, np.int32), *args, np.array([True]))

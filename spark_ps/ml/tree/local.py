@@ -413,7 +413,13 @@ def route_rows(
     split_now: np.ndarray,
 ) -> np.ndarray:
     """Move rows of nodes split this layer to their child (bin <= split bin goes left)."""
-    if HAVE_JIT:
+    if HAVE_JIT:  # the kernel does not bounds-check: refuse node ids the arrays do not cover
+        node_of_row = np.asarray(node_of_row)
+        if node_of_row.size and not 0 <= node_of_row.min() <= node_of_row.max() < split_now.size:
+            raise ValueError(f"node_of_row holds a node outside [0, {split_now.size})")
+        feats = np.asarray(split_feature)[np.asarray(split_now, bool)]
+        if feats.size and not 0 <= feats.min() <= feats.max() < bins.shape[1]:
+            raise ValueError(f"a split feature lies outside [0, {bins.shape[1]})")
         return route_pass(bins, node_of_row, split_feature, split_bin, left, right, split_now)
     node_of_row = np.array(node_of_row, dtype=np.int32, copy=True)
     rows = np.flatnonzero(split_now[node_of_row])
