@@ -290,11 +290,17 @@ def _prepare(job: PSJob, ps, p) -> dict:
 def _dense_rows(data: PreparedData):
     """The rows with vectors as array<double>: workers densify every row anyway, and Spark
     hands plain arrays to Arrow 6-10x faster than VectorUDT structs (measured: 262k x 24
-    dense rows, ~2.5 s vs ~25 s per partition on a loaded 2-core machine)."""
+    dense rows, ~2.5 s vs ~25 s per partition on a loaded 2-core machine). A dense vector's
+    ``values`` field is that array already: taking it is a projection, about half the cost
+    of ``vector_to_array`` (measured 1.1-1.7 s vs 2.3-3.4 s per 131k-row partition, same
+    loaded machine); only sparse rows go through the UDF."""
     if data.features_kind != "vector":
         return data.df
     col = data.features_col
-    return data.df.withColumn(col, vector_to_array(F.col(_quote(col)), "float64"))
+    vec = F.col(_quote(col))
+    struct = F.unwrap_udt(vec)
+    dense = F.when(struct.getField("type") == 1, struct.getField("values"))
+    return data.df.withColumn(col, dense.otherwise(vector_to_array(vec, "float64")))
 
 
 def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | None = None):
