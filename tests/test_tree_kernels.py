@@ -128,3 +128,23 @@ def test_route_refuses_unknown_nodes_and_features():
     args[0][0] = 2
     with pytest.raises(ValueError, match=r"split feature lies outside \[0, 2\)"):
         route_rows(bins, np.zeros(4, np.int32), *args, np.array([True]))
+
+
+def test_local_fit_grows_the_same_trees_without_numba(monkeypatch):
+    """Weighted rows, subsampling and feature subsets: the compiled passes change no tree."""
+    from spark_ps.ml.tree import local as L
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(3000, 6)).round(1)
+    y = (X[:, 0] + X[:, 1] * X[:, 2] + rng.normal(size=3000) > 0) * 1.0
+    w = rng.uniform(0.5, 2.0, 3000)
+    params = {"maxIter": 4, "maxDepth": 4, "lossType": "logistic", "subsamplingRate": 0.8}
+    params["featureSubsetStrategy"] = "onethird"
+    jit_trees, _, _ = L.fit_gbt_local(X, y, w, params)
+    monkeypatch.setattr(H, "HAVE_JIT", False)
+    monkeypatch.setattr(L, "HAVE_JIT", False)
+    np_trees, _, _ = L.fit_gbt_local(X, y, w, params)
+    assert sum(t.num_nodes for t in jit_trees) > 4 * 7  # real trees, not stumps
+    for a, b in zip(jit_trees, np_trees, strict=True):
+        for k, v in a.to_dict().items():
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(b.to_dict()[k]), err_msg=k)
