@@ -34,7 +34,7 @@ from spark_ps.ml._job import WorkerContext
 from spark_ps.ml.tree.binning import row_uniform
 from spark_ps.ml.tree.histogram import (
     FixedPointScale,
-    build_histograms,
+    build_node_histograms,
     choose_scale,
     quantize_rows,
     unit_weight,
@@ -173,9 +173,15 @@ def grow_tree(ctx: WorkerContext, cmd: dict, m: int, scale) -> TreeBuilder:
         with _timed(s, "histograms"):
             n_slots = 1 if plan is None else plan.n_slots
             slot_of_node = np.zeros(1, np.int32) if plan is None else plan.slot_of_node
-            slot = np.where(s["in_sample"], slot_of_node[s["node"]], -1)
-            hist = build_histograms(
-                s["bins"], slot, s["row_stats"], n_slots, cmd["n_bins"], unit_weight=s["unit"]
+            hist = build_node_histograms(
+                s["bins"],
+                s["node"],
+                slot_of_node,
+                s["in_sample"],
+                s["row_stats"],
+                n_slots,
+                cmd["n_bins"],
+                unit_weight=s["unit"],
             )
         ctx.fault_point("hist")  # tests kill a task here: its histograms may be in or not
         step = m * (p["maxDepth"] + 1) + layer

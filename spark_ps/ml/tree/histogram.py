@@ -32,6 +32,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ps_server.functions.gbt import derive_children  # numpy-only; shards subtract too
+from spark_ps.ml.tree.kernels import (
+    HAVE_JIT,
+    histogram_pass,
+    node_histogram_pass,
+    quantize_pass,
+)
 
 __all__ = [
     "FixedPointScale",
@@ -40,6 +46,7 @@ __all__ = [
     "STAT_SUM",
     "STAT_SUM_SQ",
     "build_histograms",
+    "build_node_histograms",
     "choose_scale",
     "derive_children",
     "node_totals",
@@ -106,6 +113,10 @@ def quantize_rows(targets: np.ndarray, weights: np.ndarray, scale: FixedPointSca
     if targets.shape != weights.shape or targets.ndim != 1:
         raise ValueError(f"targets {targets.shape} and weights {weights.shape} must be equal 1-D")
     center, target_exp, weight_exp = scale
+    if HAVE_JIT:
+        fast = quantize_pass(targets, weights, center, int(target_exp), int(weight_exp))
+        if fast is not None:
+            return fast
     u = np.ldexp(targets - center, -target_exp)
     if u.size and not np.all(np.abs(u) <= 1.0):
         bad = int(np.argmax(~(np.abs(u) <= 1.0)))
@@ -139,14 +150,16 @@ def build_histograms(
     Parameters
     ----------
     bins : uint8/uint16 (n, f)
-        Binned features (Fortran order is fastest: columns are read one at a time).
+        Binned features; C order is fastest (the compiled pass reads a row's bins together,
+        the numpy fallback prefers Fortran order).
     slot_of_row : int (n,)
         Histogram slot of each row (its node's position in this layer), -1 to skip the row
         (already in a leaf, subsampled out, or in a sibling derived by subtraction).
     row_stats : int64 (3, n)
         From :func:`quantize_rows`.
     unit_weight : int, optional
-        If every weight is 1, pass :func:`unit_weight`'s value: sum w is then count * unit.
+        If every weight is 1, pass :func:`unit_weight`'s value: sum w is then count * unit
+        (saves the numpy fallback a pass; the compiled pass adds it anyway).
     """
     bins = np.asarray(bins)
     n, f = bins.shape
@@ -156,9 +169,53 @@ def build_histograms(
             f"bins {bins.shape}, slot_of_row {slot_of_row.shape} and row_stats "
             f"{row_stats.shape} disagree on the number of rows"
         )
-    rows = np.flatnonzero(slot_of_row >= 0)
-    if rows.size and slot_of_row[rows].max() >= n_slots:
+    if n and slot_of_row.max() >= n_slots:
         raise ValueError(f"slot_of_row has a slot >= n_slots={n_slots}")
+    if HAVE_JIT:
+        slot = np.asarray(slot_of_row, dtype=np.int32)
+        return histogram_pass(bins, slot, np.asarray(row_stats, np.int64), n_slots, n_bins)
+    return _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight)
+
+
+def build_node_histograms(
+    bins: np.ndarray,
+    node_of_row: np.ndarray,
+    slot_of_node: np.ndarray,
+    in_sample: np.ndarray,
+    row_stats: np.ndarray,
+    n_slots: int,
+    n_bins: int,
+    *,
+    unit_weight: int | None = None,
+) -> np.ndarray:
+    """:func:`build_histograms` of a layer, the slot of row ``r`` being
+    ``slot_of_node[node_of_row[r]]`` if ``in_sample[r]`` else -1 (what the tree workers have).
+    """
+    bins = np.asarray(bins)
+    n = bins.shape[0]
+    node_of_row = np.asarray(node_of_row, dtype=np.int32)
+    slot_of_node = np.asarray(slot_of_node, dtype=np.int32)
+    in_sample = np.asarray(in_sample, dtype=bool)
+    if node_of_row.shape != (n,) or in_sample.shape != (n,) or row_stats.shape != (3, n):
+        raise ValueError(
+            f"bins {bins.shape}, node_of_row {node_of_row.shape}, in_sample {in_sample.shape} "
+            f"and row_stats {row_stats.shape} disagree on the number of rows"
+        )
+    if n and (node_of_row.min() < 0 or node_of_row.max() >= slot_of_node.size):
+        raise ValueError(f"node_of_row holds a node outside [0, {slot_of_node.size})")
+    if slot_of_node.size and slot_of_node.max() >= n_slots:
+        raise ValueError(f"slot_of_node has a slot >= n_slots={n_slots}")
+    if not HAVE_JIT:
+        slot = np.where(in_sample, slot_of_node[node_of_row], -1)
+        return build_histograms(bins, slot, row_stats, n_slots, n_bins, unit_weight=unit_weight)
+    stats = np.asarray(row_stats, np.int64)
+    return node_histogram_pass(bins, node_of_row, slot_of_node, in_sample, stats, n_slots, n_bins)
+
+
+def _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight):
+    """The same histograms without numba: one bincount / ``np.add.at`` per feature."""
+    n, f = bins.shape
+    rows = np.flatnonzero(slot_of_row >= 0)
     every_row = rows.size == n
     base = slot_of_row[rows].astype(np.intp) * n_bins if n_slots > 1 else None
     q = row_stats if every_row else row_stats[:, rows]

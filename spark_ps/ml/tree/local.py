@@ -54,7 +54,7 @@ from spark_ps.ml.tree.binning import (
 )
 from spark_ps.ml.tree.histogram import (
     FixedPointScale,
-    build_histograms,
+    build_node_histograms,
     choose_scale,
     derive_children,
     quantize_rows,
@@ -62,6 +62,7 @@ from spark_ps.ml.tree.histogram import (
     unit_weight,
     weight_exponent,
 )
+from spark_ps.ml.tree.kernels import HAVE_JIT, route_pass
 from spark_ps.ml.tree.loss import Loss, get_loss, remap_labels
 from spark_ps.ml.tree.tree import TreeArrays
 
@@ -310,7 +311,10 @@ class TreeBuilder:
         if self.layer == 0:
             c["stats"][0] = np.asarray(results[0]["total"], np.int64)
         new_open, split_now = [], []
-        for node, r in zip(self.open, results, strict=True):  # loop over nodes of one layer
+        # children's variances in one vectorized call (the same bits as one node at a time)
+        var_l = stats_to_moments(results["left"], self.scale)[3].tolist()
+        var_r = stats_to_moments(results["right"], self.scale)[3].tolist()
+        for i, (node, r) in enumerate(zip(self.open, results, strict=True)):  # one layer's nodes
             if r["feature"] < 0:
                 c["invalid"][node] = True  # MLlib reports impurity -1 for such leaves
                 continue
@@ -322,11 +326,10 @@ class TreeBuilder:
                 int(r["bin"]),
                 float(r["gain"]),
             )
-            for side in ("left", "right"):
+            for side, var in (("left", var_l[i]), ("right", var_r[i])):
                 child = self._add_node(r[side], level + 1)
                 c[side][node] = child
-                _, _, _, var = stats_to_moments(r[side], self.scale)
-                if level + 1 < self.max_depth and abs(float(var)) >= EPSILON:
+                if level + 1 < self.max_depth and abs(var) >= EPSILON:
                     new_open.append(child)
             split_now.append(node)
         self._prev_open, self.open, self.split_now = self.open, new_open, split_now
@@ -410,6 +413,14 @@ def route_rows(
     split_now: np.ndarray,
 ) -> np.ndarray:
     """Move rows of nodes split this layer to their child (bin <= split bin goes left)."""
+    if HAVE_JIT:  # the kernel does not bounds-check: refuse node ids the arrays do not cover
+        node_of_row = np.asarray(node_of_row)
+        if node_of_row.size and not 0 <= node_of_row.min() <= node_of_row.max() < split_now.size:
+            raise ValueError(f"node_of_row holds a node outside [0, {split_now.size})")
+        feats = np.asarray(split_feature)[np.asarray(split_now, bool)]
+        if feats.size and not 0 <= feats.min() <= feats.max() < bins.shape[1]:
+            raise ValueError(f"a split feature lies outside [0, {bins.shape[1]})")
+        return route_pass(bins, node_of_row, split_feature, split_bin, left, right, split_now)
     node_of_row = np.array(node_of_row, dtype=np.int32, copy=True)
     rows = np.flatnonzero(split_now[node_of_row])
     nodes = node_of_row[rows]
@@ -434,20 +445,22 @@ def grow_tree(
     distributed trainer sums partition histograms there); rows not ``in_sample`` never
     contribute but are still routed, so their leaf is known too.
     """
-    if hist_fn is None:
-
-        def hist_fn(slot: np.ndarray, n_slots: int) -> np.ndarray:
-            return build_histograms(bins, slot, row_stats, n_slots, n_bins, unit_weight=unit)
-
     node_of_row = np.zeros(bins.shape[0], dtype=np.int32)
+
+    def layer_hist(slot_of_node: np.ndarray, n_slots: int) -> np.ndarray:
+        if hist_fn is not None:
+            return hist_fn(np.where(in_sample, slot_of_node[node_of_row], -1), n_slots)
+        return build_node_histograms(
+            bins, node_of_row, slot_of_node, in_sample, row_stats, n_slots, n_bins, unit_weight=unit
+        )
+
     hist = np.zeros((0,), np.int64)
     while not builder.done:
         plan = builder.histogram_plan()
         if plan is None:
-            hist = hist_fn(np.where(in_sample, 0, -1), 1)
+            hist = layer_hist(np.zeros(1, np.int32), 1)
         else:
-            slot = np.where(in_sample, plan.slot_of_node[node_of_row], -1)
-            small = hist_fn(slot, plan.n_slots)
+            small = layer_hist(plan.slot_of_node, plan.n_slots)
             lh, rh = derive_children(hist[plan.parent_slots], small, plan.small_is_left)
             hist = np.where(plan.pick_left[:, None, None, None], lh[plan.pick], rh[plan.pick])
         results = best_splits(hist, 0, feature_mask=builder.feature_mask(), **builder.split_kw)

@@ -1,0 +1,198 @@
+"""Compiled per-layer kernels of the tree workers: histogram pass and row routing.
+
+Why compiled: a layer touches every (row, feature) cell once. In numpy that is one
+``np.add.at`` per feature and statistic (a scatter-add numpy runs element by element), about
+half of a tree's time; a numba loop over rows does the same work in one pass over memory.
+The kernels only add int64 fixed-point statistics (see :mod:`spark_ps.ml.tree.histogram`),
+so their sums are exact and equal to the numpy path's bit for bit, whatever the order.
+
+Compile cost: numba compiles on first call, ~1-2 s per signature; ``cache=True`` keeps the
+machine code on disk (next to this file, else in numba's per-user cache dir, or
+``NUMBA_CACHE_DIR``), so a Spark python worker pays only a cache load (tens of ms) once per
+process. Without numba (or with ``SPARK_PS_NO_JIT=1``) callers fall back to numpy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+__all__ = [
+    "HAVE_JIT",
+    "histogram_pass",
+    "node_histogram_pass",
+    "quantize_pass",
+    "route_pass",
+    "warm_up",
+]
+
+try:  # pragma: no cover - exercised by whichever environment runs the tests
+    if os.environ.get("SPARK_PS_NO_JIT", "") not in ("", "0"):
+        raise ImportError("SPARK_PS_NO_JIT is set")
+    from numba import njit
+
+    HAVE_JIT = True
+except ImportError:  # numpy fallbacks in histogram.py / local.py are used instead
+    HAVE_JIT = False
+
+    def njit(*args, **kwargs):  # noqa: D103 - a no-op decorator so the module imports
+        return (lambda f: f) if not args or not callable(args[0]) else args[0]
+
+
+@njit(cache=True, nogil=True)
+def _hist_rows(bins, slot_of_row, stats, n_bins, out):
+    n, f = bins.shape
+    for r in range(n):  # one pass over rows: each row's bins and stats are read once
+        s = slot_of_row[r]
+        if s < 0:
+            continue
+        q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
+        for j in range(f):
+            b = bins[r, j]
+            if b >= n_bins:
+                return j  # the caller names the feature; out is discarded
+            out[s, j, b, 0] += 1
+            out[s, j, b, 1] += q0
+            out[s, j, b, 2] += q1
+            out[s, j, b, 3] += q2
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, out):
+    n, f = bins.shape
+    for r in range(n):  # as _hist_rows, the row's slot looked up on the way
+        if not in_sample[r]:
+            continue
+        s = slot_of_node[node_of_row[r]]
+        if s < 0:
+            continue
+        q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
+        for j in range(f):
+            b = bins[r, j]
+            if b >= n_bins:
+                return j
+            out[s, j, b, 0] += 1
+            out[s, j, b, 1] += q0
+            out[s, j, b, 2] += q1
+            out[s, j, b, 3] += q2
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _route_rows(bins, node_of_row, feature, split_bin, left, right, split_now):
+    for r in range(node_of_row.shape[0]):
+        nd = node_of_row[r]
+        if split_now[nd]:
+            if bins[r, feature[nd]] <= split_bin[nd]:
+                node_of_row[r] = left[nd]
+            else:
+                node_of_row[r] = right[nd]
+
+
+def histogram_pass(
+    bins: np.ndarray, slot_of_row: np.ndarray, row_stats: np.ndarray, n_slots: int, n_bins: int
+) -> np.ndarray:
+    """Histograms int64 ``[n_slots, f, n_bins, 4]`` of the rows with a slot (``>= 0``).
+
+    ``bins`` should be C-ordered (a row's bins are read together); callers have checked the
+    shapes and that slots are ``< n_slots``. A bin ``>= n_bins`` raises, naming its feature.
+    """
+    out = np.zeros((n_slots, bins.shape[1], n_bins, 4), dtype=np.int64)
+    bad = _hist_rows(bins, slot_of_row, row_stats, n_bins, out)
+    if bad >= 0:
+        top = int(np.asarray(bins)[:, bad].max())
+        raise ValueError(f"feature {bad} has bin {top} >= n_bins={n_bins}")
+    return out
+
+
+def node_histogram_pass(
+    bins: np.ndarray,
+    node_of_row: np.ndarray,
+    slot_of_node: np.ndarray,
+    in_sample: np.ndarray,
+    row_stats: np.ndarray,
+    n_slots: int,
+    n_bins: int,
+) -> np.ndarray:
+    """:func:`histogram_pass` with each row's slot ``slot_of_node[node_of_row]`` (-1 where
+    not ``in_sample``) looked up in the loop: saves two numpy passes over the rows a layer."""
+    out = np.zeros((n_slots, bins.shape[1], n_bins, 4), dtype=np.int64)
+    bad = _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, row_stats, n_bins, out)
+    if bad >= 0:
+        top = int(np.asarray(bins)[:, bad].max())
+        raise ValueError(f"feature {bad} has bin {top} >= n_bins={n_bins}")
+    return out
+
+
+def route_pass(
+    bins: np.ndarray,
+    node_of_row: np.ndarray,
+    feature: np.ndarray,
+    split_bin: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    split_now: np.ndarray,
+) -> np.ndarray:
+    """``node_of_row`` with the rows of nodes split this layer moved to their child (a copy)."""
+    out = np.array(node_of_row, dtype=np.int32, copy=True)
+    _route_rows(bins, out, feature, split_bin, left, right, split_now)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _quantize(targets, weights, center, to_u, to_q, limit, out):
+    for r in range(targets.shape[0]):  # the numpy path's operations, in its order
+        u = (targets[r] - center) * to_u
+        w = weights[r]
+        wq = w * to_q
+        if not (abs(u) <= 1.0 and w >= 0.0 and wq <= limit):
+            return r
+        wu = w * u
+        out[0, r] = np.int64(np.rint(wq))
+        out[1, r] = np.int64(np.rint(wu * to_q))
+        out[2, r] = np.int64(np.rint((wu * u) * to_q))
+    return -1
+
+
+def quantize_pass(
+    targets: np.ndarray, weights: np.ndarray, center: float, target_exp: int, weight_exp: int
+) -> np.ndarray | None:
+    """``quantize_rows``'s int64 (3, n) statistics in one pass, or None if a row breaks the
+    scale's bounds or a power of two is out of float range (the numpy path then decides).
+
+    Multiplying by an exact power of two is correctly rounded, as ``np.ldexp`` is, so the
+    integers are the numpy path's bit for bit.
+    """
+    if not (-1000 < target_exp < 1000 and -1000 < weight_exp < 1000):
+        return None
+    out = np.empty((3, targets.shape[0]), dtype=np.int64)
+    limit = 2.0**62
+    if (
+        _quantize(targets, weights, float(center), 2.0**-target_exp, 2.0**weight_exp, limit, out)
+        >= 0
+    ):
+        return None
+    return out
+
+
+def _warm() -> None:
+    """Call every kernel once with the argument types the workers use (uint8 C-order bins)."""
+    bins = np.zeros((2, 1), dtype=np.uint8)
+    i32 = np.zeros(2, dtype=np.int32)
+    node_histogram_pass(bins, i32, i32[:1], np.ones(2, bool), np.zeros((3, 2), np.int64), 1, 1)
+    histogram_pass(bins, i32, np.zeros((3, 2), np.int64), 1, 1)
+    route_pass(bins, i32, i32, i32, i32, i32, np.zeros(2, bool))
+    quantize_pass(np.zeros(2), np.ones(2), 0.0, 0, 0)
+
+
+def warm_up() -> threading.Thread | None:
+    """Load (or compile) the kernels in a background thread, e.g. while a worker waits for
+    its Arrow batches: the first use costs ~1-2 s of CPU even from numba's disk cache."""
+    if not HAVE_JIT:
+        return None
+    t = threading.Thread(target=_warm, name="spark-ps-jit-warm-up", daemon=True)
+    t.start()
+    return t

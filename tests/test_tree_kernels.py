@@ -1,0 +1,150 @@
+"""The compiled histogram/routing passes agree bit for bit with the numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spark_ps.ml.tree import histogram as H
+from spark_ps.ml.tree import kernels as K
+from spark_ps.ml.tree.local import route_rows
+
+pytestmark = pytest.mark.skipif(not K.HAVE_JIT, reason="numba not installed")
+
+
+def _numpy_route(bins, node_of_row, feature, split_bin, left, right, now):
+    node = node_of_row.copy()
+    rows = np.flatnonzero(now[node])
+    nodes = node[rows]
+    go_left = bins[rows, feature[nodes]] <= split_bin[nodes]
+    node[rows] = np.where(go_left, left[nodes], right[nodes])
+    return node
+
+
+@pytest.mark.parametrize("dtype,n_bins", [(np.uint8, 32), (np.uint16, 300)])
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("n_slots", [1, 7])
+def test_histograms_equal_numpy(dtype, n_bins, order, n_slots):
+    rng = np.random.default_rng(n_slots + n_bins)
+    n, f = 5000, 6
+    bins = np.asarray(rng.integers(0, n_bins, (n, f)), dtype=dtype, order=order)
+    slot = rng.integers(-1, n_slots, n).astype(np.int32)
+    scale = H.choose_scale(-3.0, 2.0, 4.0, n)
+    stats = H.quantize_rows(rng.uniform(-3, 2, n), rng.uniform(0, 4, n), scale)
+    got = H.build_histograms(bins, slot, stats, n_slots, n_bins)
+    want = H._numpy_histograms(bins, slot, stats, n_slots, n_bins, None)
+    assert got.dtype == np.int64 and got.shape == (n_slots, f, n_bins, 4)
+    np.testing.assert_array_equal(got, want)
+    assert got[..., 0].sum() == f * np.count_nonzero(slot >= 0)  # every kept row, once
+
+
+def test_histograms_unit_weight_and_empty():
+    bins = np.zeros((0, 3), np.uint8)
+    out = H.build_histograms(bins, np.zeros(0, np.int32), np.zeros((3, 0), np.int64), 2, 4)
+    assert out.shape == (2, 3, 4, 4) and not out.any()
+    rng = np.random.default_rng(1)
+    bins = rng.integers(0, 4, (100, 3)).astype(np.uint8)
+    w = np.ones(100)
+    scale = H.choose_scale(-1.0, 1.0, 1.0, 100)
+    stats = H.quantize_rows(rng.choice([-1.0, 1.0], 100), w, scale)
+    unit = H.unit_weight(w, scale)
+    slot = np.zeros(100, np.int32)
+    got = H.build_histograms(bins, slot, stats, 1, 4, unit_weight=unit)
+    np.testing.assert_array_equal(got[..., 1], got[..., 0] * unit)
+    np.testing.assert_array_equal(got, H._numpy_histograms(bins, slot, stats, 1, 4, unit))
+
+
+def test_histograms_refuse_bin_out_of_range():
+    bins = np.zeros((10, 3), np.uint8)
+    bins[4, 2] = 9
+    stats = np.ones((3, 10), np.int64)
+    with pytest.raises(ValueError, match="feature 2 has bin 9 >= n_bins=4"):
+        H.build_histograms(bins, np.zeros(10, np.int32), stats, 1, 4)
+    with pytest.raises(ValueError, match="slot >= n_slots=1"):
+        H.build_histograms(bins, np.ones(10, np.int32), stats, 1, 16)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_route_equals_numpy(order):
+    rng = np.random.default_rng(7)
+    n, f, n_nodes = 4000, 5, 9
+    bins = np.asarray(rng.integers(0, 32, (n, f)), dtype=np.uint8, order=order)
+    node = rng.integers(0, 3, n).astype(np.int32)
+    feature = rng.integers(0, f, n_nodes).astype(np.int32)
+    split_bin = rng.integers(0, 32, n_nodes).astype(np.int32)
+    left = np.arange(n_nodes, dtype=np.int32) * 2 + 1
+    right = left + 1
+    now = np.zeros(n_nodes, bool)
+    now[[0, 2]] = True
+    args = (feature, split_bin, left, right, now)
+    before = node.copy()
+    got = route_rows(bins, node, *args)
+    np.testing.assert_array_equal(node, before)  # the input is not modified in place
+    np.testing.assert_array_equal(got, _numpy_route(bins, node, *args))
+    assert got.dtype == np.int32 and set(np.unique(got[node == 1])) == {1}  # node 1 stays
+    assert set(np.unique(got[node == 0])) == {1, 2}  # node 0's rows went to both children
+
+
+def test_node_histograms_equal_slot_histograms():
+    rng = np.random.default_rng(3)
+    n, f, n_nodes = 3000, 4, 6
+    bins = rng.integers(0, 16, (n, f)).astype(np.uint8)
+    node = rng.integers(0, n_nodes, n).astype(np.int32)
+    slot_of_node = np.array([-1, 0, -1, 1, 2, -1], np.int32)
+    in_sample = rng.random(n) < 0.7
+    stats = rng.integers(-(2**40), 2**40, (3, n))
+    got = H.build_node_histograms(bins, node, slot_of_node, in_sample, stats, 3, 16)
+    slot = np.where(in_sample, slot_of_node[node], -1)
+    np.testing.assert_array_equal(got, H._numpy_histograms(bins, slot, stats, 3, 16, None))
+    with pytest.raises(ValueError, match=r"node outside \[0, 6\)"):
+        H.build_node_histograms(bins, node + 1, slot_of_node, in_sample, stats, 3, 16)
+    with pytest.raises(ValueError, match="slot >= n_slots=2"):
+        H.build_node_histograms(bins, node, slot_of_node, in_sample, stats, 2, 16)
+
+
+@pytest.mark.parametrize(
+    "lo,hi,max_w,n", [(-1.0, 1.0, 1.0, 10), (-3e5, 7.5, 40.0, 10**7), (0.1, 0.1, 1e-3, 3)]
+)
+def test_quantize_equals_numpy(lo, hi, max_w, n, monkeypatch):
+    rng = np.random.default_rng(5)
+    t = np.concatenate([[lo, hi], rng.uniform(lo, hi, 997)])
+    w = np.concatenate([[max_w, 0.0], rng.uniform(0, max_w, 997)])
+    scale = H.choose_scale(lo, hi, max_w, n)
+    got = H.quantize_rows(t, w, scale)
+    monkeypatch.setattr(H, "HAVE_JIT", False)
+    np.testing.assert_array_equal(got, H.quantize_rows(t, w, scale))
+    # a bad row takes the numpy path, which names it
+    t[500] = hi + 10 * (hi - lo + 1)
+    monkeypatch.setattr(H, "HAVE_JIT", True)
+    with pytest.raises(ValueError, match=r"\(row 500\) lies outside the scale's range"):
+        H.quantize_rows(t, w, scale)
+
+
+def test_route_refuses_unknown_nodes_and_features():
+    bins = np.zeros((4, 2), np.uint8)
+    args = [np.array(a, np.int32) for a in ([0], [0], [1], [2])]
+    with pytest.raises(ValueError, match=r"node outside \[0, 1\)"):
+        route_rows(bins, np.array([0, 1, 0, 0], np.int32), *args, np.array([True]))
+    args[0][0] = 2
+    with pytest.raises(ValueError, match=r"split feature lies outside \[0, 2\)"):
+        route_rows(bins, np.zeros(4, np.int32), *args, np.array([True]))
+
+
+def test_local_fit_grows_the_same_trees_without_numba(monkeypatch):
+    """Weighted rows, subsampling and feature subsets: the compiled passes change no tree."""
+    from spark_ps.ml.tree import local as L
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(3000, 6)).round(1)
+    y = (X[:, 0] + X[:, 1] * X[:, 2] + rng.normal(size=3000) > 0) * 1.0
+    w = rng.uniform(0.5, 2.0, 3000)
+    params = {"maxIter": 4, "maxDepth": 4, "lossType": "logistic", "subsamplingRate": 0.8}
+    params["featureSubsetStrategy"] = "onethird"
+    jit_trees, _, _ = L.fit_gbt_local(X, y, w, params)
+    monkeypatch.setattr(H, "HAVE_JIT", False)
+    monkeypatch.setattr(L, "HAVE_JIT", False)
+    np_trees, _, _ = L.fit_gbt_local(X, y, w, params)
+    assert sum(t.num_nodes for t in jit_trees) > 4 * 7  # real trees, not stumps
+    for a, b in zip(jit_trees, np_trees, strict=True):
+        for k, v in a.to_dict().items():
+            np.testing.assert_array_equal(np.asarray(v), np.asarray(b.to_dict()[k]), err_msg=k)
