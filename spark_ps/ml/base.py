@@ -7,6 +7,8 @@ Scoring contract for a model class (all numpy, whole batches, no per-row Python)
 * ``_margins(state, csr) -> float64 (n, numClasses)``: raw predictions (classifiers).
 * ``_raw_to_probability(state, raw) -> float64 (n, numClasses)``.
 * ``_predict_values(state, csr) -> float64 (n,)``: predictions (regressors).
+* ``_jvm_scores(self, dataset, spec)`` (classifiers, optional): the output columns computed
+  on the JVM instead, or None to score in Python workers as above.
 
 The hooks are static so the executor closure holds the class (by reference) and the state,
 never the model with its Params and summary.

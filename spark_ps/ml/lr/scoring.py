@@ -1,10 +1,15 @@
 """What an LR model ships to executors for scoring, and its per-row margins.
 
-A dense model over 2^24 features is 128 MB of float64, pickled into every scoring task;
-its non-zeros are usually far fewer. :class:`ScoringCoefficients` travels as its
-non-zeros only and rebuilds the dense array once per task, so the per-entry weight
-lookup stays one gather. Row sums run in scipy's CSR loop: each row summed in its
-stored order (as MLlib's sparse dot) without an nnz-sized row-id array.
+A dense model over 2^24 features is 128 MB of float64 (MLlib serializes it into every
+scoring task); its non-zeros are usually far fewer, and only they travel.
+
+* On the JVM (:func:`jvm_scores`, the default when the bridge jar is built): the non-zeros
+  are broadcast once per model (``io.sparkps.bridge.LRWeights``) and the bridge's UDFs
+  compute the output columns; no Python worker, no Arrow conversion of the rows.
+* In Python workers (``mapInArrow``, the fallback): :class:`ScoringCoefficients` is pickled
+  with the task and rebuilds the dense array once per task, so the per-entry weight lookup
+  stays one gather. Row sums run in scipy's CSR loop: each row summed in its stored order
+  (as MLlib's sparse dot) without an nnz-sized row-id array.
 """
 
 from __future__ import annotations
