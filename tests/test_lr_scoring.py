@@ -193,6 +193,9 @@ def test_keys_and_values_of_different_lengths_are_refused_on_the_jvm(spark, monk
     model = LogisticRegressionModel.fromCoefficients([1.0, 2.0, 3.0]).setFeaturesCol("k")
     with pytest.raises(Exception, match="'k': 2 keys but 1 values at row 0"):
         model.setFeatureValuesCol("v").transform(df).collect()
+    nulls = spark.createDataFrame([(0, [1], [1.0]), (1, [2], None)], df.schema).coalesce(1)
+    with pytest.raises(Exception, match="'k': null values array at row 1"):
+        model.transform(nulls).collect()
 
 
 def test_python_workers_score_when_the_bridge_is_missing(spark, monkeypatch):

@@ -75,7 +75,7 @@ public final class LRScoring {
             String predCol, int predictFrom, double threshold, double rawThreshold) {
         Column margin;
         if (keys) {
-            KeysMargin fn = new KeysMargin(scorer.weights, name);
+            KeysMargin fn = new KeysMargin(scorer.weights, name, values != null);
             Column k = functions.col(features).cast("array<bigint>");
             Column v = functions.lit(null).cast("array<double>");
             if (values != null) {
@@ -199,8 +199,11 @@ public final class LRScoring {
             implements UDF2<scala.collection.Seq<Object>, scala.collection.Seq<Object>, Double> {
         private static final long serialVersionUID = 1L;
 
-        KeysMargin(Broadcast<LRWeights> bc, String name) {
+        private final boolean withValues;
+
+        KeysMargin(Broadcast<LRWeights> bc, String name, boolean withValues) {
             super(bc, name);
+            this.withValues = withValues;
         }
 
         @Override
@@ -209,8 +212,11 @@ public final class LRScoring {
             if (keys == null) {
                 throw bad("null keys array: null at @ROW");
             }
+            if (withValues && values == null) {
+                throw bad("null values array at @ROW");
+            }
             int n = keys.length();
-            if (values != null && values.length() != n) {
+            if (withValues && values.length() != n) {
                 throw bad(n + " keys but " + values.length() + " values at @ROW");
             }
             double sum = 0.0;
@@ -225,7 +231,7 @@ public final class LRScoring {
                         + w.numFeatures + ")");
                 }
                 double v = 1.0;
-                if (values != null) {
+                if (withValues) {
                     Object x = values.apply(k);
                     if (x == null) {
                         throw bad("null value at @ROW");
