@@ -24,6 +24,8 @@ __all__ = [
     "call_bridge",
     "wrap_java_model",
     "add_executor_listener",
+    "lr_scorer",
+    "lr_score",
 ]
 
 _CLASSIFICATION = "org.apache.spark.ml.classification"
@@ -192,3 +194,58 @@ def add_executor_listener(spark: SparkSession, address: str, token: str) -> bool
     listener = ensure_bridge(spark).ExecutorListener(address, token)
     spark.sparkContext._jsc.sc().addSparkListener(listener)
     return True
+
+
+# --- JVM-side LR scoring (io.sparkps.bridge.LRScoring) ---
+
+
+def _bridge_on_executors(spark: SparkSession) -> None:
+    """Ship the bridge jar to executors unless the application already lists it.
+
+    ``ensure_bridge`` reaches the driver only; UDF classes are loaded by the executors.
+    """
+    sc = spark.sparkContext
+    listed = sc._jsc.sc().listJars()
+    names = {str(listed.apply(i)).rsplit("/", 1)[-1] for i in range(listed.size())}
+    if _JAR_NAME not in names:
+        sc._jsc.sc().addJar(str(bridge_jar()))
+
+
+def lr_scorer(
+    spark: SparkSession, num_features: int, keys: bytes, values: bytes, intercept: float
+) -> JavaObject:
+    """Broadcast binomial LR weights (int64 ``keys``, float64 ``values``, little-endian bytes)
+    for :func:`lr_score`; large buffers cross through a temporary file (:func:`call_bridge`)."""
+    bridge = ensure_bridge(spark)
+    _bridge_on_executors(spark)
+    weights = call_bridge(bridge.LRWeights, int(num_features), keys, values, float(intercept))
+    return bridge.LRScoring.scorer(spark._jsparkSession, weights)
+
+
+def lr_score(
+    dataset: DataFrame,
+    scorer: JavaObject,
+    *,
+    features: str,
+    keys: bool,
+    values: str | None,
+    name: str,
+    cols: tuple[str, str, str],
+    predict_from: int,
+    threshold: float,
+    raw_threshold: float,
+) -> DataFrame:
+    """``dataset`` with LR rawPrediction/probability/prediction columns computed on the JVM.
+
+    ``features``/``values`` are quoted column references; ``cols`` the (raw, probability,
+    prediction) names, empty to skip; see ``LRScoring.transform`` for ``predict_from``.
+    """
+    from pyspark.sql import DataFrame
+
+    spark = dataset.sparkSession
+    scoring = ensure_bridge(spark).LRScoring
+    jdf = scoring.transform(
+        dataset._jdf, scorer, features, keys, values, name, *cols,
+        int(predict_from), float(threshold), float(raw_threshold),
+    )  # fmt: skip
+    return DataFrame(jdf, spark)

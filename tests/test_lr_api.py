@@ -23,6 +23,7 @@ from scipy.special import expit
 
 from spark_ps.data import arrow_to_csr
 from spark_ps.ml.base import ArrowRegressionScoring, ArrowScoring
+from spark_ps.ml.lr import scoring
 from spark_ps.ml.lr.estimator import LogisticRegression, TrainResult, register_trainer
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.lr.summary import BinaryLogisticRegressionTrainingSummary
@@ -265,7 +266,14 @@ def test_threshold_and_thresholds_stay_consistent():
 # --------------------------------------------------------------------------- transform
 
 
-def test_transform_equals_mllib_for_same_coefficients(data, mllib_model):
+@pytest.fixture(params=["jvm", "python"])
+def engine(request, monkeypatch):
+    """Score on the JVM (bridge jar) or in Python workers (mapInArrow), both like MLlib."""
+    monkeypatch.setattr(scoring, "ENGINE", request.param)
+    return request.param
+
+
+def test_transform_equals_mllib_for_same_coefficients(data, mllib_model, engine):
     ours = _ours_like(mllib_model)
     theirs_df, ours_df = mllib_model.transform(data), ours.transform(data)
     assert [(f.name, f.dataType, f.metadata) for f in ours_df.schema] == [
@@ -305,7 +313,7 @@ def _configured(model, i, setup):
     return model
 
 
-def test_thresholds_and_empty_output_cols_like_mllib(data, mllib_model):
+def test_thresholds_and_empty_output_cols_like_mllib(data, mllib_model, engine):
     ours_base = _ours_like(mllib_model)
     for i, setup in enumerate(_OUTPUT_SETUPS):  # one job per side and setup: workers are reused
         theirs_df = _configured(mllib_model, i, setup).transform(data)
@@ -339,7 +347,7 @@ def test_single_row_predictions_equal_mllib(mllib_model):
         ours.predict(Vectors.dense([1.0, 2.0, 3.0]))
 
 
-def test_transform_rejects_bad_columns(spark, data, mllib_model):
+def test_transform_rejects_bad_columns(spark, data, mllib_model, engine):
     ours = _ours_like(mllib_model)
     with pytest.raises(TypeError, match=r"Column 'label' \(featuresCol\) must be of type"):
         ours.copy().setFeaturesCol("label").transform(data)
@@ -354,7 +362,7 @@ def test_transform_rejects_bad_columns(spark, data, mllib_model):
         ours.transform(short).collect()
 
 
-def test_array_bigint_keys_scoring(spark):
+def test_array_bigint_keys_scoring(spark, engine):
     big = 1 << 40
     keys = np.array([3, 70_000, (1 << 31) + 5, big - 1], dtype=np.int64)
     model = LogisticRegressionModel.fromCoefficients(

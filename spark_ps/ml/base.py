@@ -7,6 +7,8 @@ Scoring contract for a model class (all numpy, whole batches, no per-row Python)
 * ``_margins(state, csr) -> float64 (n, numClasses)``: raw predictions (classifiers).
 * ``_raw_to_probability(state, raw) -> float64 (n, numClasses)``.
 * ``_predict_values(state, csr) -> float64 (n,)``: predictions (regressors).
+* ``_jvm_scores(self, dataset, spec)`` (classifiers, optional): the output columns computed
+  on the JVM instead, or None to score in Python workers as above.
 
 The hooks are static so the executor closure holds the class (by reference) and the state,
 never the model with its Params and summary.
@@ -466,16 +468,21 @@ class ArrowScoring(_ArrowTransform, ProbabilisticClassificationModel):
                 "%s: transform() was called as NOOP since no output columns were set.", self.uid
             )
             return dataset
-        payload = (type(self), self._scoring_state(), self._prediction_rule(), spec)
-        arr = T.ArrayType(T.DoubleType(), containsNull=False)
-        fields = [T.StructField(c, arr) for c in (spec.raw_col, spec.prob_col) if c]
-        if spec.pred_col:
-            fields.append(T.StructField(spec.pred_col, T.DoubleType(), nullable=False))
-        out = self._append(dataset, functools.partial(_score_classifier, payload), fields)
+        out = self._jvm_scores(dataset, spec)
+        to_vector = out is None
+        if to_vector:
+            payload = (type(self), self._scoring_state(), self._prediction_rule(), spec)
+            arr = T.ArrayType(T.DoubleType(), containsNull=False)
+            fields = [T.StructField(c, arr) for c in (spec.raw_col, spec.prob_col) if c]
+            if spec.pred_col:
+                fields.append(T.StructField(spec.pred_col, T.DoubleType(), nullable=False))
+            out = self._append(dataset, functools.partial(_score_classifier, payload), fields)
         k = self.numClasses
         vec_meta = {"ml_attr": {"num_attrs": k}}
         replace = {
-            c: array_to_vector(F.col(_quote(c))).alias(c, metadata=vec_meta)
+            c: (array_to_vector(F.col(_quote(c))) if to_vector else F.col(_quote(c))).alias(
+                c, metadata=vec_meta
+            )
             for c in (spec.raw_col, spec.prob_col)
             if c
         }
@@ -485,6 +492,11 @@ class ArrowScoring(_ArrowTransform, ProbabilisticClassificationModel):
                 spec.pred_col, metadata=pred_meta
             )
         return out.withColumns(replace)
+
+    def _jvm_scores(self, dataset: DataFrame, spec: _OutputSpec) -> DataFrame | None:
+        """``dataset`` with the output columns (vectors, no metadata) computed on the JVM,
+        or None to score in Python workers through ``mapInArrow``."""
+        return None
 
     def _single_row_raw(self, value: Vector) -> np.ndarray:
         return type(self)._margins(self._scoring_state(), vector_to_csr(value, self.numFeatures))

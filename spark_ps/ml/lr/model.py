@@ -1,4 +1,5 @@
-"""LogisticRegressionModel: a drop-in for pyspark.ml's, scored by one Arrow pass.
+"""LogisticRegressionModel: a drop-in for pyspark.ml's, scored on the JVM (bridge jar) or by
+one Arrow pass in Python workers.
 
 Coefficients are stored either dense (``values[i]`` is feature ``i``) or sparse as sorted
 unique int64 ``keys`` with their ``values`` plus ``numFeatures``, so a model over a hashed
@@ -19,7 +20,7 @@ from pyspark.sql import DataFrame
 from spark_ps.data import CSRBatch
 from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowScoring
 from spark_ps.ml.lr.params import _LogisticRegressionParams
-from spark_ps.ml.lr.scoring import ScoringCoefficients
+from spark_ps.ml.lr.scoring import ScoringCoefficients, jvm_scores
 from spark_ps.ml.lr.summary import LogisticRegressionSummary, make_summary
 
 __all__ = ["LogisticRegressionModel"]
@@ -118,6 +119,7 @@ class LogisticRegressionModel(
         self._values = values
         self._intercept = float(intercept)
         self._state: ScoringCoefficients | None = None  # rebuilt from these numbers on use
+        self._jvm_scorer: tuple[str, Any] | None = None  # (application id, broadcast weights)
 
     # ------------------------------------------------------------------ MLlib attributes
 
@@ -199,6 +201,10 @@ class LogisticRegressionModel(
         if getattr(self, "_state", None) is None:
             self._state = ScoringCoefficients.of(self._keys, self._values, self._intercept)
         return self._state
+
+    def _jvm_scores(self, dataset: DataFrame, spec: Any) -> DataFrame | None:
+        """Score on the JVM with the weights broadcast once (see ``scoring.jvm_scores``)."""
+        return jvm_scores(self, dataset, spec)
 
     @staticmethod
     def _margin(state: ScoringCoefficients, csr: CSRBatch) -> np.ndarray:

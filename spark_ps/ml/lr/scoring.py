@@ -1,20 +1,33 @@
 """What an LR model ships to executors for scoring, and its per-row margins.
 
-A dense model over 2^24 features is 128 MB of float64, pickled into every scoring task;
-its non-zeros are usually far fewer. :class:`ScoringCoefficients` travels as its
-non-zeros only and rebuilds the dense array once per task, so the per-entry weight
-lookup stays one gather. Row sums run in scipy's CSR loop: each row summed in its
-stored order (as MLlib's sparse dot) without an nnz-sized row-id array.
+A dense model over 2^24 features is 128 MB of float64 (MLlib serializes it into every
+scoring task); its non-zeros are usually far fewer, and only they travel.
+
+* On the JVM (:func:`jvm_scores`, the default when the bridge jar is built): the non-zeros
+  are broadcast once per model (``io.sparkps.bridge.LRWeights``) and the bridge's UDFs
+  compute the output columns; no Python worker, no Arrow conversion of the rows.
+* In Python workers (``mapInArrow``, the fallback): :class:`ScoringCoefficients` is pickled
+  with the task and rebuilds the dense array once per task, so the per-entry weight lookup
+  stays one gather. Row sums run in scipy's CSR loop: each row summed in its stored order
+  (as MLlib's sparse dot) without an nnz-sized row-id array.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import numpy as np
 import scipy.sparse as sp
+from pyspark.sql import DataFrame, SparkSession
 
+from spark_ps import _jvm
 from spark_ps.data import CSRBatch
+from spark_ps.ml.base import _quote, features_kind
 
-__all__ = ["ScoringCoefficients", "row_sums"]
+__all__ = ["ScoringCoefficients", "row_sums", "jvm_scores", "ENGINE"]
+
+_log = logging.getLogger(__name__)
 
 
 class ScoringCoefficients:
@@ -76,3 +89,66 @@ def row_sums(indptr: np.ndarray, products: np.ndarray) -> np.ndarray:
         return np.zeros(n)
     cols = np.zeros(products.shape[0], dtype=np.int32)
     return sp.csr_matrix((products, cols, indptr), shape=(n, 1)) @ np.ones(1)
+
+
+#: Where ``transform`` scores: ``"auto"`` on the JVM when the bridge jar is built (no Python
+#: worker at all), else in Python workers; ``"jvm"`` or ``"python"`` to force one (tests).
+ENGINE = "auto"
+
+
+def jvm_scores(model: Any, dataset: DataFrame, spec: Any) -> DataFrame | None:
+    """``dataset`` with ``model``'s output columns computed by the bridge's ``LRScoring``.
+
+    None (score in Python) for ``array<double>`` features, for models whose weights are not
+    fixed numbers (the online learner's live model reads the PS per task), with
+    ``ENGINE="python"``, or when the bridge is not available (Spark Connect, jar not built)
+    and ``ENGINE="auto"``. The weights are broadcast once per model and SparkContext and
+    reused by every transform.
+    """
+    if (
+        ENGINE == "python"
+        or not isinstance(model._scoring_state(), ScoringCoefficients)
+        or features_kind(dataset.schema, spec.features_col) == "dense"
+    ):
+        return None
+    spark = dataset.sparkSession
+    try:
+        scorer = _cached_scorer(model, spark)
+    except RuntimeError:
+        if ENGINE == "jvm":
+            raise
+        _log.debug("LR scoring in Python workers: the JVM bridge is not available")
+        return None
+    threshold, raw_threshold = model._prediction_rule()
+    predict_from = 0 if spec.raw_col else 1 if spec.prob_col else 2
+    return _jvm.lr_score(
+        dataset,
+        scorer,
+        features=_quote(spec.features_col),
+        keys=features_kind(dataset.schema, spec.features_col) == "keys",
+        values=_quote(spec.values_col) if spec.values_col else None,
+        name=spec.features_col,
+        cols=(spec.raw_col, spec.prob_col, spec.pred_col),
+        predict_from=predict_from,
+        threshold=threshold,
+        raw_threshold=raw_threshold,
+    )
+
+
+def _cached_scorer(model: Any, spark: SparkSession) -> Any:
+    """The model's broadcast weights in ``spark``'s context, made on first use."""
+    app = spark.sparkContext.applicationId
+    cached = getattr(model, "_jvm_scorer", None)
+    if cached is not None and cached[0] == app:
+        return cached[1]
+    state = model._scoring_state()
+    keys = state.keys if state.keys is not None else np.arange(state.values.size)
+    scorer = _jvm.lr_scorer(
+        spark,
+        model.numFeatures,
+        np.ascontiguousarray(keys, dtype="<i8").tobytes(),
+        np.ascontiguousarray(state.values, dtype="<f8").tobytes(),
+        state.intercept,
+    )
+    model._jvm_scorer = (app, scorer)
+    return scorer
