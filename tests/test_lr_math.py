@@ -216,6 +216,10 @@ def _kernel_args(rng: np.random.Generator, name: str, n: int) -> tuple[list, dic
     std, mask = np.abs(vec()), (rng.uniform(size=n) < 0.9).astype(float)
     table = {
         "l2_penalty": ([vec(), vec(), np.abs(vec())], {"reg": 0.7}),
+        "lr_finish": (
+            [vec(), vec(), vec(), np.abs(vec())],
+            {"inv_weight": 0.3, "intercept_step": -0.2, "reg": 0.7},
+        ),
         "l1_value": ([vec(), l1], {}),
         "owlqn_pseudo_gradient": ([vec(), vec(), vec(), l1], {}),
         "owlqn_directional_derivative": ([vec(), vec(), vec(), l1], {}),
@@ -251,6 +255,22 @@ def test_kernels_give_the_same_result_on_any_slice_split(name: str) -> None:
         for a, b in zip(whole, split, strict=True):
             np.testing.assert_array_equal(a, b)
         assert partial == pytest.approx(total, rel=1e-12, abs=1e-12)
+
+
+def test_lr_finish_is_scale_axpy_and_l2_penalty_bit_for_bit() -> None:
+    rng = np.random.default_rng(4)
+    g, x, mean, scale = (rng.normal(size=500) for _ in range(4))
+    space = NumpyVecSpace(500)
+    g1, g2 = space.from_array("g1", g), space.from_array("g2", g)
+    xs, ms, ss = (space.from_array(n, a) for n, a in (("x", x), ("m", mean), ("s", np.abs(scale))))
+    space.scale(1.0 / 7.0, g1)
+    space.axpy(-0.4 / 7.0, ms, g1)
+    want = space.apply("l2_penalty", g1, xs, ss, reg=0.3)
+    got = space.apply(
+        "lr_finish", g2, xs, ms, ss, inv_weight=1.0 / 7.0, intercept_step=-0.4 / 7.0, reg=0.3
+    )
+    assert got == want
+    np.testing.assert_array_equal(space.to_numpy(g2), space.to_numpy(g1))
 
 
 def test_pseudo_gradient_and_orthant_rules() -> None:

@@ -186,13 +186,17 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
             bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
         )
     rows, idx, vals = _row_entries(batch)
-    keep = pos[rows]
     bad = (y != 0.0) & (y != 1.0)
     n_bad = int(np.count_nonzero(bad))
-    if idx.size and int(idx.min()) >= 0 and int(idx.max()) < 4 * idx.size + 1024:
-        sums = _dense_key_sums(idx[keep], vals[keep], w[rows[keep]])
+    if not pos.all():  # zero-weight rows do not count
+        keep = pos[rows]
+        idx, vals, wr = idx[keep], vals[keep], w[rows[keep]]
     else:
-        sums = _sorted_key_sums(idx[keep], vals[keep], w[rows[keep]])
+        wr = None if batch.weights is None else w[rows]  # None: every weight is 1
+    if idx.size and int(idx.min()) >= 0 and int(idx.max()) < 4 * idx.size + 1024:
+        sums = _dense_key_sums(idx, vals, wr)
+    else:
+        sums = _sorted_key_sums(idx, vals, np.ones(idx.size) if wr is None else wr)
     return StatsPartial(
         **sums,
         num_features=batch.num_features,
@@ -230,20 +234,40 @@ def _sorted_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
     )
 
 
-def _dense_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
-    """Per-key statistics by counting, for localized (small, dense) key ids: no sort."""
+def _dense_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray | None) -> dict:
+    """Per-key statistics by counting, for localized (small, dense) key ids: no sort.
+
+    ``wr`` None means unit weights. One-hot data (every stored value the same, e.g.
+    hashed categorical features) needs no per-entry min/max or squares: those follow
+    from the counts.
+    """
     count = np.bincount(idx)
     keys = np.flatnonzero(count)
-    wv = wr * vals
-    vmin = np.full(count.size, np.inf)
-    vmax = np.full(count.size, -np.inf)
+    n = count.size
+    lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 0.0)
+    if lo == hi:  # one value c everywhere: sum w x = c sum w, sum w x^2 = c^2 sum w
+        wsum = count.astype(np.float64) if wr is None else np.bincount(idx, wr, minlength=n)
+        s1 = wsum * lo
+        s2 = s1 * lo
+        vmin = vmax = np.full(keys.size, lo)
+        return dict(
+            keys=keys.astype(np.int64),
+            count=count[keys].astype(np.int64),
+            s1=s1[keys],
+            s2=s2[keys],
+            vmin=vmin,
+            vmax=vmax,
+        )
+    wv = vals if wr is None else wr * vals
+    vmin = np.full(n, np.inf)
+    vmax = np.full(n, -np.inf)
     np.minimum.at(vmin, idx, vals)
     np.maximum.at(vmax, idx, vals)
     return dict(
         keys=keys.astype(np.int64),
         count=count[keys].astype(np.int64),
-        s1=np.bincount(idx, weights=wv, minlength=count.size)[keys],
-        s2=np.bincount(idx, weights=wv * vals, minlength=count.size)[keys],
+        s1=np.bincount(idx, weights=wv, minlength=n)[keys],
+        s2=np.bincount(idx, weights=wv * vals, minlength=n)[keys],
         vmin=vmin[keys],
         vmax=vmax[keys],
     )
@@ -565,6 +589,17 @@ def finish_objective(
     """
     if not weight_sum > 0:
         raise ValueError(f"the total instance weight of the pass is {weight_sum!r}")
+    if vecs.scaled_mean is not None and vecs.l2_scale is not None:  # the usual case: one op
+        return loss_sum / weight_sum + space.apply(
+            "lr_finish",
+            g,
+            x,
+            vecs.scaled_mean,
+            vecs.l2_scale,
+            inv_weight=1.0 / weight_sum,
+            intercept_step=-grad_intercept / weight_sum,
+            reg=vecs.reg_l2,
+        )
     space.scale(1.0 / weight_sum, g)
     if vecs.scaled_mean is not None:
         space.axpy(-grad_intercept / weight_sum, vecs.scaled_mean, g)
