@@ -20,8 +20,10 @@ import math
 import time
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
+from spark_ps.client import PSError
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
@@ -344,8 +346,18 @@ def _key_space(
     dense_ids = prepared.features_kind != "keys" and (
         num_features <= min(_DENSE_KEYSET_LIMIT, _DENSE_KEYSET_PER_KEY * int(out[:, 5].sum()))
     )
-    make = PSVector.dense if dense_ids else PSVector.sparse
-    keyset = make(max(num_features, 1), name=f"{job.topic}/keyset", context=ps)
+    name = f"{job.topic}/keyset"
+    keyset = None
+    if dense_ids:
+        try:
+            keyset = PSVector.dense(max(num_features, 1), name=name, context=ps)
+        except PSError as e:  # e.g. over a shard memory budget: the hash index grows by keys
+            if e.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            log.info("dense key numbering refused (%s); numbering in a hash index", e)
+            dense_ids = False
+    if keyset is None:
+        keyset = PSVector.sparse(max(num_features, 1), name=name, context=ps)
     job.call("keys", keyset=keyset.name)
     counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)

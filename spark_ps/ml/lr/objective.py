@@ -460,7 +460,9 @@ def loss_and_grad(
             f"loss_and_grad: the batch has {csr.num_features} columns but {k} coefficients "
             "were given"
         )
-    if isinstance(csr, CSRBatch) and csr.nnz and int(csr.indices.max()) >= k:
+    cached = getattr(csr, "_scipy", None)  # built (and checked) by an earlier call
+    fresh = cached is None or cached.shape[1] != k
+    if fresh and isinstance(csr, CSRBatch) and csr.nnz and int(csr.indices.max()) >= k:
         raise ValueError(
             f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
             "coefficients were given (is the batch localized?)"
