@@ -187,6 +187,30 @@ def test_feature_stats_sparse_keys_duplicates_and_constants() -> None:
     assert st.count.tolist() == [1, 4, 2]
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_feature_stats_of_one_hot_data_with_a_few_other_values(weighted: bool) -> None:
+    """Mostly 1.0 (hashed one-hot), a few other values: the count-based sums and extremes
+    equal the plain definitions; a column of 1.0s in every row keeps std exactly 0, and
+    a column that is 1.0 everywhere but in one row does not."""
+    rng = np.random.default_rng(8)
+    n, d = 3000, 40
+    X = (rng.uniform(size=(n, d)) < 0.2).astype(float)
+    X[:, 0] = 1.0  # constant
+    X[:, 1] = 1.0
+    X[7, 1] = 1.5  # almost constant
+    odd = rng.uniform(size=(n, d)) < 0.002
+    X[odd & (X != 0)] = rng.choice([2.0, -3.0, 0.25], size=int((odd & (X != 0)).sum()))
+    X[:, 0] = 1.0
+    y = (rng.uniform(size=n) < 0.3).astype(float)
+    w = _weights(rng, n) if weighted else np.ones(n)
+    st = finalize_stats(feature_stats([batch_of(X, y, w if weighted else None)]))
+    pos = w > 0
+    np.testing.assert_allclose(st.dense("mean"), w @ X / w.sum(), rtol=1e-13)
+    np.testing.assert_allclose(st.dense("std"), mllib_std(X, w), rtol=1e-10)
+    assert st.dense("std")[0] == 0.0 and st.dense("std")[1] > 0.0
+    np.testing.assert_array_equal(st.dense("count"), (X[pos] != 0).sum(0))
+
+
 def test_feature_stats_rejects_bad_input() -> None:
     X, y, w = dense_dataset()
     bad_w = w.copy()

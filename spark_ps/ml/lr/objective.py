@@ -126,16 +126,20 @@ class FeatureStats:
         return int(np.count_nonzero(self.label_weight)) == 1
 
 
-def _row_entries(batch: CSRBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _row_entries(batch: CSRBatch) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """(row, key, value) of stored entries with duplicate keys of a row summed.
 
-    Rows whose keys are strictly increasing (VectorUDT always) cost one check.
+    Rows whose keys are strictly increasing (VectorUDT always) cost one check, and their
+    row array is None (``batch.row_ids()`` gives it when a caller needs it).
     """
-    rows, idx, vals = batch.row_ids(), batch.indices, batch.values
+    idx, vals = batch.indices, batch.values
     if idx.size < 2:
-        return rows, idx, vals
-    if not np.any((rows[1:] == rows[:-1]) & (idx[1:] <= idx[:-1])):
-        return rows, idx, vals
+        return None, idx, vals
+    # a key not above its predecessor is a duplicate unless it starts a row
+    down = np.flatnonzero(idx[1:] <= idx[:-1]) + 1
+    if not down.size or np.isin(down, batch.indptr[1:-1]).all():
+        return None, idx, vals
+    rows = batch.row_ids()
     order = np.lexsort((idx, rows))
     rows, idx, vals = rows[order], idx[order], vals[order]
     first = np.ones(idx.size, dtype=bool)
@@ -188,6 +192,8 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
     rows, idx, vals = _row_entries(batch)
     bad = (y != 0.0) & (y != 1.0)
     n_bad = int(np.count_nonzero(bad))
+    if not pos.all() or batch.weights is not None:
+        rows = batch.row_ids() if rows is None else rows
     if not pos.all():  # zero-weight rows do not count
         keep = pos[rows]
         idx, vals, wr = idx[keep], vals[keep], w[rows[keep]]
@@ -237,37 +243,45 @@ def _sorted_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
 def _dense_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray | None) -> dict:
     """Per-key statistics by counting, for localized (small, dense) key ids: no sort.
 
-    ``wr`` None means unit weights. One-hot data (every stored value the same, e.g.
-    hashed categorical features) needs no per-entry min/max or squares: those follow
-    from the counts.
+    ``wr`` None means unit weights. Hashed categorical data stores one value ``c`` (1.0)
+    in almost every entry: when one value fills most entries, the sums follow from
+    per-key (weighted) counts times ``c`` plus a correction over the other entries, and
+    so do the min/max, so only those few entries are visited one by one.
     """
     count = np.bincount(idx)
     keys = np.flatnonzero(count)
     n = count.size
-    lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 0.0)
-    if lo == hi:  # one value c everywhere: sum w x = c sum w, sum w x^2 = c^2 sum w
-        wsum = count.astype(np.float64) if wr is None else np.bincount(idx, wr, minlength=n)
-        s1 = wsum * lo
-        s2 = s1 * lo
-        vmin = vmax = np.full(keys.size, lo)
-        return dict(
-            keys=keys.astype(np.int64),
-            count=count[keys].astype(np.int64),
-            s1=s1[keys],
-            s2=s2[keys],
-            vmin=vmin,
-            vmax=vmax,
-        )
-    wv = vals if wr is None else wr * vals
-    vmin = np.full(n, np.inf)
-    vmax = np.full(n, -np.inf)
-    np.minimum.at(vmin, idx, vals)
-    np.maximum.at(vmax, idx, vals)
+    c = float(vals[0]) if vals.size else 1.0
+    odd = np.flatnonzero(vals != c)
+    if 2 * odd.size > vals.size:  # no dominant value: plain sums (no cancellation risk)
+        wv = vals if wr is None else wr * vals
+        vmin, vmax = np.full(n, np.inf), np.full(n, -np.inf)
+        np.minimum.at(vmin, idx, vals)
+        np.maximum.at(vmax, idx, vals)
+        s1 = np.bincount(idx, weights=wv, minlength=n)
+        s2 = np.bincount(idx, weights=wv * vals, minlength=n)
+        return _key_dict(keys, count, s1, s2, vmin, vmax)
+    oi, ov = idx[odd], vals[odd]
+    wsum = count.astype(np.float64) if wr is None else np.bincount(idx, wr, minlength=n)
+    ow = ov - c if wr is None else wr[odd] * (ov - c)
+    ow2 = ov * ov - c * c if wr is None else wr[odd] * (ov * ov - c * c)
+    s1 = wsum * c + np.bincount(oi, ow, minlength=n)
+    s2 = wsum * (c * c) + np.bincount(oi, ow2, minlength=n)
+    has_c = (count - np.bincount(oi, minlength=n)) > 0  # some entry of the key stores c
+    vmin = np.where(has_c, c, np.inf)
+    vmax = np.where(has_c, c, -np.inf)
+    np.minimum.at(vmin, oi, ov)
+    np.maximum.at(vmax, oi, ov)
+    return _key_dict(keys, count, s1, s2, vmin, vmax)
+
+
+def _key_dict(keys, count, s1, s2, vmin, vmax) -> dict:
+    """The StatsPartial fields of the touched ``keys`` from dense per-id arrays."""
     return dict(
         keys=keys.astype(np.int64),
         count=count[keys].astype(np.int64),
-        s1=np.bincount(idx, weights=wv, minlength=n)[keys],
-        s2=np.bincount(idx, weights=wv * vals, minlength=n)[keys],
+        s1=s1[keys],
+        s2=s2[keys],
         vmin=vmin[keys],
         vmax=vmax[keys],
     )
