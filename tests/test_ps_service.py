@@ -120,6 +120,23 @@ def test_statistics_and_dense_key_numbering_on_the_shards(ps):
     np.testing.assert_array_equal(keyset.pull(touched), np.arange(touched.size))
 
 
+def test_shards_run_single_threaded_blas_unless_told_otherwise(ps):
+    """Shard processes get OPENBLAS/OMP/MKL_NUM_THREADS=1 (BLAS threads spinning beside the
+    other shards and the workers cost ~10x the CPU of a shard's vector work)."""
+    import os
+
+    import psutil
+
+    shards = [
+        p for p in psutil.Process(ps.process.pid).children() if "ps_server.shard" in p.cmdline()
+    ]
+    assert len(shards) == 2
+    for p in shards:
+        env = p.environ()
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            assert env.get(var) == os.environ.get(var, "1")
+
+
 def test_matrix_rows_and_server_side_optimizer(ps):
     m = PSMatrix.dense(6, 3, optimizer="sgd", lr=0.5)
     m.push(np.array([1, 4, 1]), np.ones((3, 3)))
