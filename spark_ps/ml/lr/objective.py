@@ -486,7 +486,10 @@ def loss_and_grad(
     if fit_intercept:
         margin += intercept
     # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
-    loss_sum = float(np.dot(w, np.logaddexp(0.0, np.where(y > 0, -margin, margin))))
+    # A numpy sum, not a BLAS dot: an OpenBLAS call this size wakes helper threads that
+    # then spin, taking a core from the partition beside this one.
+    losses = np.logaddexp(0.0, np.where(y > 0, -margin, margin))
+    loss_sum = float((losses if csr.weights is None else w * losses).sum())
     with np.errstate(over="ignore"):
         r = w * (1.0 / (1.0 + np.exp(-margin)) - y)
     grad = (X.T @ r) * inv_std_local
