@@ -207,11 +207,14 @@ class CSRBatch:
         Pull ``keys`` from the PS, compute on the small local dimension, push back.
         """
         if 0 < self.num_features <= 4 * self.nnz:
-            # Small key space: a presence mask and its running count replace the sort.
+            # Small key space: a presence mask and a key -> id map replace the sort (the
+            # map is written at the touched keys only, so untouched pages stay unallocated).
             seen = np.zeros(self.num_features, dtype=bool)
             seen[self.indices] = True
             keys = np.flatnonzero(seen)
-            inverse = (np.cumsum(seen) - 1)[self.indices]
+            ids = np.empty(self.num_features, dtype=np.int64)
+            ids[keys] = np.arange(keys.size)
+            inverse = ids[self.indices]
         else:
             keys, inverse = np.unique(self.indices, return_inverse=True)
         local = CSRBatch(

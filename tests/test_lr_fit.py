@@ -135,9 +135,51 @@ def test_minibatch_solvers_learn_what_lbfgs_learns(spark_ps, solver, step):
     spark, _ = spark_ps
     df = _sparse_df(spark, n=3000, d=200, seed=4)
     full = LogisticRegression(maxIter=50, regParam=0.001).fit(df)
-    ours = LogisticRegression(solver=solver, stepSize=step, batchSize=256, maxIter=8,
-                              regParam=0.001, tol=0.0).fit(df)
+    ours = LogisticRegression(
+        solver=solver, stepSize=step, batchSize=256, maxIter=8, regParam=0.001, tol=0.0
+    ).fit(df)
     assert ours.summary.totalIterations == 8
     hist = ours.summary.objectiveHistory
     assert hist[-1] < hist[0]  # the epoch loss falls
     assert ours.summary.areaUnderROC > full.summary.areaUnderROC - 0.02
+
+
+def _one_hot_df(spark, n=2500, d=2**17, used=300, seed=3):
+    """One-hot rows over `used` scattered columns of a 2**17 space (beyond the identity
+    numbering): every stored value is 1.0, and one column is stored in every row."""
+    rng = np.random.default_rng(seed)
+    cols = np.sort(rng.choice(np.arange(1, d), size=used, replace=False))
+    beta = rng.normal(size=used)
+    rows = []
+    for _ in range(n):
+        pick = np.sort(rng.choice(used, size=6, replace=False))
+        y = float(rng.uniform() < 1 / (1 + np.exp(-beta[pick].sum())))
+        idx = [0, *cols[pick].tolist()]  # column 0: constant 1 (std 0, as MLlib drops it)
+        rows.append((y, Vectors.sparse(d, idx, [1.0] * len(idx))))
+    return spark.createDataFrame(rows, ["label", "features"]).cache()
+
+
+@pytest.mark.parametrize("dense_keyset", [True, False])
+def test_one_hot_keys_numbered_densely_or_hashed_match_mllib(spark_ps, monkeypatch, dense_keyset):
+    """Vector input beyond 2**16 numbers its touched keys in a dense PS vector when that is
+    small enough, else in a hash-indexed one; both reach MLlib's optimum, and the one-hot
+    statistics (no per-entry min/max) give MLlib's standardization."""
+    from spark_ps.ml.lr import distributed
+
+    spark, _ = spark_ps
+    df = _one_hot_df(spark)
+    monkeypatch.setattr(distributed, "_DENSE_KEYSET_PER_KEY", 10**6 if dense_keyset else 0)
+    calls = []
+    real = distributed.PSVector.dense
+    monkeypatch.setattr(
+        distributed.PSVector,
+        "dense",
+        lambda dim, **kw: calls.append(kw.get("name", "")) or real(dim, **kw),
+    )
+    params = dict(maxIter=100, tol=1e-10, regParam=0.01)
+    ours = LogisticRegression(**params).fit(df)
+    assert any(c.endswith("/keyset") for c in calls) == dense_keyset
+    ref = MLlibLR(**params).fit(df)
+    _compare(ours, ref, rel=1e-5)
+    assert ours.coefficients[0] == 0.0 == ref.coefficients[0]
+    assert ours.summary.areaUnderROC == pytest.approx(ref.summary.areaUnderROC, abs=1e-4)

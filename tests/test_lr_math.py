@@ -187,6 +187,30 @@ def test_feature_stats_sparse_keys_duplicates_and_constants() -> None:
     assert st.count.tolist() == [1, 4, 2]
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_feature_stats_of_one_hot_data_with_a_few_other_values(weighted: bool) -> None:
+    """Mostly 1.0 (hashed one-hot), a few other values: the count-based sums and extremes
+    equal the plain definitions; a column of 1.0s in every row keeps std exactly 0, and
+    a column that is 1.0 everywhere but in one row does not."""
+    rng = np.random.default_rng(8)
+    n, d = 3000, 40
+    X = (rng.uniform(size=(n, d)) < 0.2).astype(float)
+    X[:, 0] = 1.0  # constant
+    X[:, 1] = 1.0
+    X[7, 1] = 1.5  # almost constant
+    odd = rng.uniform(size=(n, d)) < 0.002
+    X[odd & (X != 0)] = rng.choice([2.0, -3.0, 0.25], size=int((odd & (X != 0)).sum()))
+    X[:, 0] = 1.0
+    y = (rng.uniform(size=n) < 0.3).astype(float)
+    w = _weights(rng, n) if weighted else np.ones(n)
+    st = finalize_stats(feature_stats([batch_of(X, y, w if weighted else None)]))
+    pos = w > 0
+    np.testing.assert_allclose(st.dense("mean"), w @ X / w.sum(), rtol=1e-13)
+    np.testing.assert_allclose(st.dense("std"), mllib_std(X, w), rtol=1e-10)
+    assert st.dense("std")[0] == 0.0 and st.dense("std")[1] > 0.0
+    np.testing.assert_array_equal(st.dense("count"), (X[pos] != 0).sum(0))
+
+
 def test_feature_stats_rejects_bad_input() -> None:
     X, y, w = dense_dataset()
     bad_w = w.copy()
@@ -216,6 +240,10 @@ def _kernel_args(rng: np.random.Generator, name: str, n: int) -> tuple[list, dic
     std, mask = np.abs(vec()), (rng.uniform(size=n) < 0.9).astype(float)
     table = {
         "l2_penalty": ([vec(), vec(), np.abs(vec())], {"reg": 0.7}),
+        "lr_finish": (
+            [vec(), vec(), vec(), np.abs(vec())],
+            {"inv_weight": 0.3, "intercept_step": -0.2, "reg": 0.7},
+        ),
         "l1_value": ([vec(), l1], {}),
         "owlqn_pseudo_gradient": ([vec(), vec(), vec(), l1], {}),
         "owlqn_directional_derivative": ([vec(), vec(), vec(), l1], {}),
@@ -251,6 +279,22 @@ def test_kernels_give_the_same_result_on_any_slice_split(name: str) -> None:
         for a, b in zip(whole, split, strict=True):
             np.testing.assert_array_equal(a, b)
         assert partial == pytest.approx(total, rel=1e-12, abs=1e-12)
+
+
+def test_lr_finish_is_scale_axpy_and_l2_penalty_bit_for_bit() -> None:
+    rng = np.random.default_rng(4)
+    g, x, mean, scale = (rng.normal(size=500) for _ in range(4))
+    space = NumpyVecSpace(500)
+    g1, g2 = space.from_array("g1", g), space.from_array("g2", g)
+    xs, ms, ss = (space.from_array(n, a) for n, a in (("x", x), ("m", mean), ("s", np.abs(scale))))
+    space.scale(1.0 / 7.0, g1)
+    space.axpy(-0.4 / 7.0, ms, g1)
+    want = space.apply("l2_penalty", g1, xs, ss, reg=0.3)
+    got = space.apply(
+        "lr_finish", g2, xs, ms, ss, inv_weight=1.0 / 7.0, intercept_step=-0.4 / 7.0, reg=0.3
+    )
+    assert got == want
+    np.testing.assert_array_equal(space.to_numpy(g2), space.to_numpy(g1))
 
 
 def test_pseudo_gradient_and_orthant_rules() -> None:

@@ -45,6 +45,98 @@ def test_dense_vector_ops_run_on_servers_and_match_numpy(ps):
     np.testing.assert_array_equal(z.pull(), np.full(dim, 2.0))
 
 
+def test_fused_solver_calls_match_the_separate_ops(ps):
+    """linalg.dots with picked values and linalg.lincombs_dots: one request per shard, the
+    same numbers as pull/dot and lincomb-then-dots."""
+    from spark_ps.ml.lr.ps_space import PSVecSpace
+
+    rng = np.random.default_rng(2)
+    dim = 1001
+    space = PSVecSpace(ps, dim, prefix="fused")
+    a, b, c = (space.new(n) for n in "abc")
+    for v in (a, b, c):
+        v.update(np.arange(dim), rng.normal(size=dim))
+    va, vb, vc = a.pull(), b.pull(), c.pull()
+    out = ps.client.call(
+        "linalg.dots", [a.spec, b.spec], {"pairs": [[0, 1]], "pick": [[0, dim - 1], [1, 3]]}
+    )
+    got = np.sum([arr[0] for _, arr in out], axis=0)
+    assert got[0] == a.dot(b)
+    assert got[1:].tolist() == [va[-1], vb[3]]
+    with pytest.raises(Exception, match="not in"):
+        ps.client.call("linalg.dots", [a.spec], {"pairs": [], "pick": [[0, dim]]})
+    s1, s2 = space.new("s1"), space.new("s2")
+    dots = space.lincombs_dots([(s1, [(1.0, a), (-2.0, b)]), (c, [(0.5, c), (1.0, s1)])], [(s1, c)])
+    np.testing.assert_array_equal(s1.pull(), 1.0 * va + -2.0 * vb)
+    np.testing.assert_array_equal(c.pull(), 0.5 * vc + 1.0 * (va - 2.0 * vb))
+    space.lincomb(s2, [(1.0, a), (-2.0, b)])
+    assert dots == [s2.dot(c)]
+    space.release_all()
+
+
+def test_statistics_and_dense_key_numbering_on_the_shards(ps):
+    """stats.standardize turns summed [count, s1, s2] and [max x, max -x] rows into MLlib's
+    mean and std; keyspace.number numbers a dense keyset's non-zeros in key order."""
+    import scipy.sparse
+
+    from spark_ps.data import CSRBatch
+    from spark_ps.ml.lr.objective import feature_stats, finalize_stats
+
+    rng = np.random.default_rng(3)
+    n, d = 400, 37
+    X = rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < 0.3)
+    X[:, 5] = 0.0  # never stored
+    X[:, 6] = 2.5  # constant, stored in every row
+    w = rng.uniform(0.5, 2.0, n)
+    y = (rng.uniform(size=n) < 0.4).astype(float)
+    m = scipy.sparse.csr_matrix(X)
+    p = feature_stats([CSRBatch(m.indptr, m.indices, m.data, d, y, w)])
+    want = finalize_stats(p)
+    sums = PSMatrix.dense(d, 3)
+    ext = PSMatrix.dense(d, 2)
+    sums.update(p.keys, np.column_stack([p.count.astype(float), p.s1, p.s2]))
+    ext.update(p.keys, np.column_stack([p.vmax, -p.vmin]))
+    mean, std = PSVector.dense(d), PSVector.dense(d)
+    ps.client.call(
+        "stats.standardize",
+        [sums.spec, ext.spec, mean.spec, std.spec],
+        {"weight_sum": p.weight_sum, "weight_sq_sum": p.weight_sq_sum, "n_rows": p.n_rows},
+    )
+    np.testing.assert_allclose(mean.pull(), want.dense("mean"), rtol=1e-14, atol=1e-300)
+    np.testing.assert_allclose(std.pull(), want.dense("std"), rtol=1e-12, atol=1e-300)
+    assert std.pull()[[5, 6]].tolist() == [0.0, 0.0]
+    with pytest.raises(Exception, match="co-located"):
+        ps.client.call("stats.standardize", [sums.spec, sums.spec, mean.spec, std.spec], {})
+    keyset = PSVector.dense(10_000)
+    touched = np.array([3, 17, 4999, 5000, 9999])
+    keyset.update(touched, np.ones(touched.size))
+    counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
+    assert sum(counts) == touched.size
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    res = ps.client.call(
+        "keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets]
+    )
+    assert np.concatenate([a[0] for _, a in res]).tolist() == touched.tolist()
+    np.testing.assert_array_equal(keyset.pull(touched), np.arange(touched.size))
+
+
+def test_shards_run_single_threaded_blas_unless_told_otherwise(ps):
+    """Shard processes get OPENBLAS/OMP/MKL_NUM_THREADS=1 (BLAS threads spinning beside the
+    other shards and the workers cost ~10x the CPU of a shard's vector work)."""
+    import os
+
+    import psutil
+
+    shards = [
+        p for p in psutil.Process(ps.process.pid).children() if "ps_server.shard" in p.cmdline()
+    ]
+    assert len(shards) == 2
+    for p in shards:
+        env = p.environ()
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            assert env.get(var) == os.environ.get(var, "1")
+
+
 def test_matrix_rows_and_server_side_optimizer(ps):
     m = PSMatrix.dense(6, 3, optimizer="sgd", lr=0.5)
     m.push(np.array([1, 4, 1]), np.ones((3, 3)))

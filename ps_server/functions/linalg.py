@@ -21,11 +21,21 @@ def _colocated(tensors) -> list[np.ndarray]:
 
 
 def dots(tensors, args: dict, arrays: list[np.ndarray]):
-    """Partial dot products of the model pairs `args["pairs"]` (indices into models)."""
+    """Partial dot products of the model pairs `args["pairs"]` (indices into models), then
+    the values at `args["pick"]` ([model, key] pairs; 0 from shards not owning the key),
+    so that the caller's sum over shards is each value exactly."""
     vecs = _colocated(tensors)
     pairs = args["pairs"]
-    out = np.array([np.dot(vecs[i], vecs[j]) for i, j in pairs], dtype=np.float64)
-    return {}, [out]
+    out = [np.dot(vecs[i], vecs[j]) for i, j in pairs]
+    for i, key in args.get("pick", []):
+        spec = tensors[i].spec
+        if not 0 <= int(key) < spec.dim:
+            raise RequestError(
+                "INVALID_ARGUMENT", f"dots: key {key} of {tensors[i].where} not in [0, {spec.dim})"
+            )
+        row = int(key) - spec.offset
+        out.append(vecs[i][row] if 0 <= row < spec.length else 0.0)
+    return {}, [np.array(out, dtype=np.float64)]
 
 
 def lincomb(tensors, args: dict, arrays: list[np.ndarray]):
@@ -43,6 +53,22 @@ def lincomb(tensors, args: dict, arrays: list[np.ndarray]):
     return {}, []
 
 
-SERVER_FUNCTIONS = {"dots": dots, "lincomb": lincomb}
+def lincombs_dots(tensors, args: dict, arrays: list[np.ndarray]):
+    """For each [out, [[coeff, model], ...]] of `args["combos"]` in order, models[out] =
+    sum coeff * models[model] (as `lincomb`); then the partial dots of `args["pairs"]`."""
+    vecs = _colocated(tensors)
+    n = len(vecs)
+    for out, terms in args["combos"]:
+        if not terms or not all(0 <= int(i) < n for i in [out, *(t[1] for t in terms)]):
+            raise RequestError("INVALID_ARGUMENT", f"lincombs_dots: bad combination {out, terms}")
+        acc = float(terms[0][0]) * vecs[int(terms[0][1])]
+        for c, i in terms[1:]:
+            acc += float(c) * vecs[int(i)]
+        vecs[int(out)][...] = acc
+    out = [np.dot(vecs[i], vecs[j]) for i, j in args["pairs"]]
+    return {}, [np.array(out, dtype=np.float64)]
+
+
+SERVER_FUNCTIONS = {"dots": dots, "lincomb": lincomb, "lincombs_dots": lincombs_dots}
 #: functions that change no state (replicated shards do not forward them)
 READ_ONLY = ("dots",)

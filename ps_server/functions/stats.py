@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["KERNELS", "weighted_std"]
+from ps_server.wire import RequestError
+
+__all__ = ["KERNELS", "SERVER_FUNCTIONS", "weighted_std", "standardize"]
 
 
 def weighted_std(
@@ -36,4 +38,47 @@ def weighted_std(
     return float(np.count_nonzero(out == 0.0))
 
 
+def standardize(tensors, args: dict, arrays: list[np.ndarray]):
+    """mean, std = MLlib's statistics from one shard's slice of the summed matrices.
+
+    models: ``sums`` [n, 3] (count, sum w x, sum w x^2), ``extremes`` [n, 2] (max x,
+    max -x), then the ``mean`` and ``std`` vectors to write; all row-co-located (same dim).
+    One call instead of a copy, a scale and a kernel over five vectors.
+    """
+    if len(tensors) != 4:
+        raise RequestError("INVALID_ARGUMENT", "standardize: models are sums, extremes, mean, std")
+    sums, ext, mean_t, std_t = tensors
+    for t, cols in zip(tensors, (3, 2, 1, 1), strict=True):
+        spec = t.spec
+        if (spec.kind, spec.dim, spec.offset, spec.cols) != (
+            "dense",
+            sums.spec.dim,
+            sums.spec.offset,
+            cols,
+        ):
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"standardize: {t.where} is not a dense [{sums.spec.dim}, {cols}] tensor "
+                "co-located with the sums",
+            )
+    n = sums.spec.length
+    s = sums.dense_values().reshape(n, 3)
+    e = ext.dense_values().reshape(n, 2)
+    w = float(args["weight_sum"])
+    mean_t.dense_values()[...] = s[:, 1] / w
+    zeros = weighted_std(
+        std_t.dense_values(),
+        s[:, 1],
+        s[:, 2],
+        s[:, 0],
+        e[:, 0],
+        e[:, 1],
+        weight_sum=w,
+        weight_sq_sum=float(args["weight_sq_sum"]),
+        n_rows=float(args["n_rows"]),
+    )
+    return {"zero_std": zeros}, []
+
+
 KERNELS = {"weighted_std": weighted_std}
+SERVER_FUNCTIONS = {"standardize": standardize}

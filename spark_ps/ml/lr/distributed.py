@@ -20,8 +20,10 @@ import math
 import time
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
+from spark_ps.client import PSError
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
 from spark_ps.ml._job import PSJob, WorkerContext
@@ -39,16 +41,21 @@ from spark_ps.ml.lr.objective import (
 )
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
-from spark_ps.models import PSVector
+from spark_ps.models import PSMatrix, PSVector
 
 __all__ = ["train_lbfgs"]
 
 log = logging.getLogger("spark_ps.ml.lr")
 
-_STATS = ("count", "s1", "s2")
 _DENSE_OUTPUT_LIMIT = 1 << 24  # vector input up to this size gets MLlib's dense coefficients
-_EXTREMES = ("vmax", "neg_vmin")
 _IDENTITY_LIMIT = 1 << 16  # vector input up to this size: PS vector ids are the feature ids
+# Vector input up to this size, and at most this many times the keys the partitions
+# touch, numbers its keys in a dense PS vector (8 bytes a feature) instead of a hash index.
+_DENSE_KEYSET_LIMIT = 1 << 25
+_DENSE_KEYSET_PER_KEY = 64
+# Where the evaluations' time goes (driver wall seconds; worker means), kept with the phases.
+_EVAL_PARTS = ("eval offset", "eval round", "eval reduce", "eval finish")
+_WORKER_PARTS = ("worker pull", "worker compute", "worker push+contribute")
 
 
 # ----------------------------------------------------------------------------- workers
@@ -88,8 +95,14 @@ def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     how long reading and localizing took."""
     s = ctx.state
     top = int(s["keys"][-1]) if s["keys"].size else -1
-    out = np.zeros((cmd["num_workers"], 5))
-    out[ctx.part] = [s["num_features"], top >> 31, top & ((1 << 31) - 1), *s["setup_s"]]
+    out = np.zeros((cmd["num_workers"], 6))
+    out[ctx.part] = [
+        s["num_features"],
+        top >> 31,
+        top & ((1 << 31) - 1),
+        *s["setup_s"],
+        s["keys"].size,
+    ]
     ctx.contribute(round_, out.ravel())
 
 
@@ -111,6 +124,10 @@ def _compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object
         return s["keys"], s["local"]
     if s.get("keyset") != keyset:
         ids = ctx.tensor(keyset).pull(s["keys"]).astype(np.int64)
+        s["ids"], s["keyset"] = ids, keyset  # compact id of each local key (local order)
+        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # ids in key order already
+            s["cids"], s["clocal"] = ids, s["local"]
+            return ids, s["local"]
         order = np.argsort(ids, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
@@ -125,17 +142,16 @@ def _compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object
 
 
 def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition."""
+    """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition, as one
+    row per key of two PS matrices (two pushes, whatever the number of statistics)."""
     _compact(ctx, cmd["keyset"])
     # the key-ordered batch keeps each row's keys sorted: no per-row sort needed
     p = feature_stats([ctx.state["local"]])
     gk = ctx.state["ids"][p.keys]
-    for name in _STATS:
-        ctx.tensor(cmd[name]).aggregate(
-            gk, getattr(p, name).astype(np.float64), round=round_, part=ctx.part
-        )
-    ctx.tensor(cmd["vmax"]).aggregate(gk, p.vmax, round=round_, part=ctx.part)
-    ctx.tensor(cmd["neg_vmin"]).aggregate(gk, -p.vmin, round=round_, part=ctx.part)
+    sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
+    ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part)
+    extremes = np.column_stack([p.vmax, -p.vmin])
+    ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part)
     y = ctx.state["local"].labels
     n_neg = int(np.count_nonzero((y < 0) | (y != np.floor(y))))  # MLlib's label checks, folded
     n_multi = int(np.count_nonzero(y > 1)) - int(np.count_nonzero((y > 1) & (y != np.floor(y))))
@@ -152,16 +168,19 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     if ctx.state.get("inv_std_name") != cmd["inv_std"]:
         ctx.state["inv_std"] = ctx.tensor(cmd["inv_std"]).pull(keys)
         ctx.state["inv_std_name"] = cmd["inv_std"]
+    t0 = time.perf_counter()
     coef = ctx.tensor(cmd["x"]).pull(keys)
+    t1 = time.perf_counter()
     loss, grad, grad_b, wsum = loss_and_grad(
         local, coef, cmd["offset"], ctx.state["inv_std"], fit_intercept
     )
+    t2 = time.perf_counter()
     g = ctx.tensor(cmd["g"])
     if fit_intercept:
         g.aggregate(np.append(keys, dim - 1), np.append(grad, grad_b), round=round_, part=ctx.part)
     else:
         g.aggregate(keys, grad, round=round_, part=ctx.part)
-    ctx.contribute(round_, [loss, wsum, grad_b])
+    ctx.contribute(round_, [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2])
 
 
 _HANDLERS = {"dims": _dims, "keys": _keys, "stats": _stats, "grad": _grad}
@@ -177,40 +196,40 @@ class _Fit:
         self.job, self.space, self.fit_intercept = job, space, fit_intercept
         self.dim, self.label_col = space.dim, label_col
         self.keyset = None if ks.keyset is None else ks.keyset.name
+        self.spent: dict[str, float] = dict.fromkeys(_EVAL_PARTS + _WORKER_PARTS, 0.0)
+        self.spent["evaluations"] = 0
 
     def stats(self):
-        vecs = {n: self.space.new(n) for n in _STATS + _EXTREMES}
-        r, out = self.job.call("stats", keyset=self.keyset, **{n: v.name for n, v in vecs.items()})
-        for n in _STATS:
-            vecs[n].reduce(r)
-        for n in _EXTREMES:
-            vecs[n].reduce(r, how="max")
-        n_rows, wsum, wsq, w0, w1, n_bad, n_neg, n_multi = out
-        check_label_counts(self.label_col, n_neg, n_multi > 0, f"{int(n_multi)} labels above 1")
-        if n_bad:
-            raise ValueError(
-                f"Labels MUST be in {{0, 1}} for binary logistic regression; "
-                f"{int(n_bad)} rows have other labels"
+        """(mean, std, label weights): one worker round that fills two [K, cols] matrices,
+        then one server call that turns them into the mean and std vectors."""
+        name = f"{self.space.prefix}/stats"
+        ctx = self.space.context
+        sums = PSMatrix.dense(self.space.dim, 3, name=f"{name}/sums", context=ctx)
+        extremes = PSMatrix.dense(self.space.dim, 2, name=f"{name}/extremes", context=ctx)
+        try:
+            r, out = self.job.call(
+                "stats", keyset=self.keyset, sums=sums.name, extremes=extremes.name
             )
-        if not wsum > 0:
-            raise ValueError(f"the total instance weight is {wsum!r}; it must be positive")
-        mean = self.space.new("mean")
-        mean.copy_from(vecs["s1"])
-        mean.scale(1.0 / wsum)
-        std = self.space.new("std")
-        std.apply(
-            "weighted_std",
-            vecs["s1"],
-            vecs["s2"],
-            vecs["count"],
-            vecs["vmax"],
-            vecs["neg_vmin"],
-            weight_sum=wsum,
-            weight_sq_sum=wsq,
-            n_rows=n_rows,
-        )
-        for v in vecs.values():
-            self.space.release(v)
+            sums.reduce(r)
+            extremes.reduce(r, how="max")
+            n_rows, wsum, wsq, w0, w1, n_bad, n_neg, n_multi = out
+            check_label_counts(self.label_col, n_neg, n_multi > 0, f"{int(n_multi)} labels above 1")
+            if n_bad:
+                raise ValueError(
+                    f"Labels MUST be in {{0, 1}} for binary logistic regression; "
+                    f"{int(n_bad)} rows have other labels"
+                )
+            if not wsum > 0:
+                raise ValueError(f"the total instance weight is {wsum!r}; it must be positive")
+            mean, std = self.space.new("mean"), self.space.new("std")
+            ctx.client.call(
+                "stats.standardize",
+                [sums.spec, extremes.spec, mean.spec, std.spec],
+                {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows},
+            )
+        finally:
+            sums.drop()
+            extremes.drop()
         return mean, std, np.array([w0, w1])
 
     def coef_mask(self):
@@ -224,11 +243,22 @@ class _Fit:
         """evaluate(x, g) -> f: one distributed pass over all partitions."""
         last = self.dim - 1
 
+        spent = self.spent
+        nw = self.job.num_workers
+
         def evaluate(x, g) -> float:
+            t0 = time.perf_counter()
             offset = 0.0
-            if self.fit_intercept:
-                offset = float(x.pull(np.array([last]))[0]) - x.dot(vecs.scaled_mean)
-            r, (loss, wsum, grad_b) = self.job.call(
+            if self.fit_intercept:  # x[last] - x . scaled_mean, in one request
+                out = self.space.context.client.call(
+                    "linalg.dots",
+                    [x.spec, vecs.scaled_mean.spec],
+                    {"pairs": [[0, 1]], "pick": [[0, last]]},
+                )
+                dot, x_last = np.sum([a[0] for _, a in out], axis=0)
+                offset = float(x_last) - float(dot)
+            t1 = time.perf_counter()
+            r, (loss, wsum, grad_b, *worker) = self.job.call(
                 "grad",
                 x=x.name,
                 g=g.name,
@@ -238,10 +268,19 @@ class _Fit:
                 dim=self.dim,
                 keyset=self.keyset,
             )
+            t2 = time.perf_counter()
             g.reduce(r)
-            return finish_objective(
+            t3 = time.perf_counter()
+            value = finish_objective(
                 self.space, x, g, vecs, loss_sum=loss, weight_sum=wsum, grad_intercept=grad_b
             )
+            parts = (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+            for name, sec in zip(_EVAL_PARTS, parts, strict=True):
+                spent[name] += sec
+            for name, sec in zip(_WORKER_PARTS, worker, strict=True):
+                spent[name] += sec / nw  # mean over the workers
+            spent["evaluations"] += 1
+            return value
 
         return evaluate
 
@@ -268,6 +307,17 @@ class _KeySpace:
     size: int  # K
     num_features: int  # the model's dimension: vector size, or the largest key + 1
     dense_output: bool  # small vector input: return dense coefficients, as MLlib does
+    keys: np.ndarray | None = None  # a dense keyset's touched keys, in id order
+
+    def touched(self) -> tuple[np.ndarray, np.ndarray]:
+        """(every touched key, its compact id)."""
+        if self.keyset is None:
+            keys = np.arange(self.num_features, dtype=np.int64)
+            return keys, keys
+        if self.keys is not None:
+            return self.keys, np.arange(self.keys.size, dtype=np.int64)
+        keys, ids = self.keyset.pull()
+        return keys, ids.astype(np.int64)
 
 
 def _key_space(
@@ -279,7 +329,7 @@ def _key_space(
     nw = job.num_workers
     _, out = job.call("dims", num_workers=nw)
     phases.mark("job start + read")
-    out = out.reshape(nw, 5)
+    out = out.reshape(nw, 6)
     log.info("worker read %s s, localize %s s", out[:, 3].round(2), out[:, 4].round(2))
     sizes = sorted({int(v) for v in out[:, 0] if v > 0})
     if len(sizes) > 1 and prepared.features_kind != "keys":
@@ -291,13 +341,32 @@ def _key_space(
     dense = prepared.features_kind != "keys" and num_features <= _DENSE_OUTPUT_LIMIT
     if identity and prepared.features_kind != "keys" and num_features <= _IDENTITY_LIMIT:
         return _KeySpace(None, num_features, num_features, dense)  # numbering saves nothing
-    keyset = PSVector.sparse(max(num_features, 1), name=f"{job.topic}/keyset", context=ps)
+    # A key space we may allocate is numbered in a dense vector: no hash index to build
+    # and probe (vector input only; `keys` columns may reach 2**63).
+    dense_ids = prepared.features_kind != "keys" and (
+        num_features <= min(_DENSE_KEYSET_LIMIT, _DENSE_KEYSET_PER_KEY * int(out[:, 5].sum()))
+    )
+    name = f"{job.topic}/keyset"
+    keyset = None
+    if dense_ids:
+        try:
+            keyset = PSVector.dense(max(num_features, 1), name=name, context=ps)
+        except PSError as e:  # e.g. over a shard memory budget: the hash index grows by keys
+            if e.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            log.info("dense key numbering refused (%s); numbering in a hash index", e)
+            dense_ids = False
+    if keyset is None:
+        keyset = PSVector.sparse(max(num_features, 1), name=name, context=ps)
     job.call("keys", keyset=keyset.name)
     counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    ps.client.call("keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets])
+    res = ps.client.call(
+        "keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets]
+    )
+    touched = np.concatenate([a[0] for _, a in res]).astype(np.int64) if dense_ids else None
     phases.mark("key numbering")
-    return _KeySpace(keyset, int(sum(counts)), num_features, dense)
+    return _KeySpace(keyset, int(sum(counts)), num_features, dense, touched)
 
 
 def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
@@ -397,17 +466,15 @@ def _solve(
         )
         bar.close()
         phases.mark("iterations")
+        log.info("evaluations: %s", {k: round(v, 3) for k, v in fit.spent.items()})
         b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
         coef_h, intercept = original_space(space, res.x, vecs, b)
-        if ks.keyset is None:
-            keys = ids = np.arange(ks.num_features, dtype=np.int64)
-        else:
-            keys, ids = ks.keyset.pull()  # every touched key and its compact id
-        coef = coef_h.pull(ids.astype(np.int64)) if keys.size else np.zeros(0)
+        keys, ids = ks.touched()
+        coef = coef_h.pull(ids) if keys.size else np.zeros(0)
         result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
         result.iteration_timestamps = stamps
         phases.mark("coefficients")
-        result.phases = phases.seconds
+        result.phases = {**phases.seconds, **{k: round(v, 4) for k, v in fit.spent.items()}}
         return result
 
     return recovery.run(solve)

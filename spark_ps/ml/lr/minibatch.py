@@ -199,10 +199,10 @@ def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
                 ):
                     break
             bar.close()
-            keys, ids = ks.keyset.pull()
+            keys, ids = ks.touched()
             w = model.pull()
             intercept = float(w[ks.size]) if fit_intercept else 0.0
-            coef = w[ids.astype(np.int64)] if keys.size else np.zeros(0)
+            coef = w[ids] if keys.size else np.zeros(0)
             result = full_batch._result(ks, keys, coef, intercept, history, len(history))
             result.iteration_timestamps = stamps
             return result

@@ -126,16 +126,20 @@ class FeatureStats:
         return int(np.count_nonzero(self.label_weight)) == 1
 
 
-def _row_entries(batch: CSRBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _row_entries(batch: CSRBatch) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """(row, key, value) of stored entries with duplicate keys of a row summed.
 
-    Rows whose keys are strictly increasing (VectorUDT always) cost one check.
+    Rows whose keys are strictly increasing (VectorUDT always) cost one check, and their
+    row array is None (``batch.row_ids()`` gives it when a caller needs it).
     """
-    rows, idx, vals = batch.row_ids(), batch.indices, batch.values
+    idx, vals = batch.indices, batch.values
     if idx.size < 2:
-        return rows, idx, vals
-    if not np.any((rows[1:] == rows[:-1]) & (idx[1:] <= idx[:-1])):
-        return rows, idx, vals
+        return None, idx, vals
+    # a key not above its predecessor is a duplicate unless it starts a row
+    down = np.flatnonzero(idx[1:] <= idx[:-1]) + 1
+    if not down.size or np.isin(down, batch.indptr[1:-1]).all():
+        return None, idx, vals
+    rows = batch.row_ids()
     order = np.lexsort((idx, rows))
     rows, idx, vals = rows[order], idx[order], vals[order]
     first = np.ones(idx.size, dtype=bool)
@@ -186,13 +190,19 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
             bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
         )
     rows, idx, vals = _row_entries(batch)
-    keep = pos[rows]
     bad = (y != 0.0) & (y != 1.0)
     n_bad = int(np.count_nonzero(bad))
-    if idx.size and int(idx.min()) >= 0 and int(idx.max()) < 4 * idx.size + 1024:
-        sums = _dense_key_sums(idx[keep], vals[keep], w[rows[keep]])
+    if not pos.all() or batch.weights is not None:
+        rows = batch.row_ids() if rows is None else rows
+    if not pos.all():  # zero-weight rows do not count
+        keep = pos[rows]
+        idx, vals, wr = idx[keep], vals[keep], w[rows[keep]]
     else:
-        sums = _sorted_key_sums(idx[keep], vals[keep], w[rows[keep]])
+        wr = None if batch.weights is None else w[rows]  # None: every weight is 1
+    if idx.size and int(idx.min()) >= 0 and int(idx.max()) < 4 * idx.size + 1024:
+        sums = _dense_key_sums(idx, vals, wr)
+    else:
+        sums = _sorted_key_sums(idx, vals, np.ones(idx.size) if wr is None else wr)
     return StatsPartial(
         **sums,
         num_features=batch.num_features,
@@ -230,20 +240,48 @@ def _sorted_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
     )
 
 
-def _dense_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray) -> dict:
-    """Per-key statistics by counting, for localized (small, dense) key ids: no sort."""
+def _dense_key_sums(idx: np.ndarray, vals: np.ndarray, wr: np.ndarray | None) -> dict:
+    """Per-key statistics by counting, for localized (small, dense) key ids: no sort.
+
+    ``wr`` None means unit weights. Hashed categorical data stores one value ``c`` (1.0)
+    in almost every entry: when one value fills most entries, the sums follow from
+    per-key (weighted) counts times ``c`` plus a correction over the other entries, and
+    so do the min/max, so only those few entries are visited one by one.
+    """
     count = np.bincount(idx)
     keys = np.flatnonzero(count)
-    wv = wr * vals
-    vmin = np.full(count.size, np.inf)
-    vmax = np.full(count.size, -np.inf)
-    np.minimum.at(vmin, idx, vals)
-    np.maximum.at(vmax, idx, vals)
+    n = count.size
+    c = float(vals[0]) if vals.size else 1.0
+    odd = np.flatnonzero(vals != c)
+    if 2 * odd.size > vals.size:  # no dominant value: plain sums (no cancellation risk)
+        wv = vals if wr is None else wr * vals
+        vmin, vmax = np.full(n, np.inf), np.full(n, -np.inf)
+        np.minimum.at(vmin, idx, vals)
+        np.maximum.at(vmax, idx, vals)
+        s1 = np.bincount(idx, weights=wv, minlength=n)
+        s2 = np.bincount(idx, weights=wv * vals, minlength=n)
+        return _key_dict(keys, count, s1, s2, vmin, vmax)
+    oi, ov = idx[odd], vals[odd]
+    wsum = count.astype(np.float64) if wr is None else np.bincount(idx, wr, minlength=n)
+    ow = ov - c if wr is None else wr[odd] * (ov - c)
+    ow2 = ov * ov - c * c if wr is None else wr[odd] * (ov * ov - c * c)
+    s1 = wsum * c + np.bincount(oi, ow, minlength=n)
+    s2 = wsum * (c * c) + np.bincount(oi, ow2, minlength=n)
+    has_c = (count - np.bincount(oi, minlength=n)) > 0  # some entry of the key stores c
+    vmin = np.where(has_c, c, np.inf)
+    vmax = np.where(has_c, c, -np.inf)
+    np.minimum.at(vmin, oi, ov)
+    np.maximum.at(vmax, oi, ov)
+    return _key_dict(keys, count, s1, s2, vmin, vmax)
+
+
+def _key_dict(keys, count, s1, s2, vmin, vmax) -> dict:
+    """The StatsPartial fields of the touched ``keys`` from dense per-id arrays."""
     return dict(
         keys=keys.astype(np.int64),
         count=count[keys].astype(np.int64),
-        s1=np.bincount(idx, weights=wv, minlength=count.size)[keys],
-        s2=np.bincount(idx, weights=wv * vals, minlength=count.size)[keys],
+        s1=s1[keys],
+        s2=s2[keys],
         vmin=vmin[keys],
         vmax=vmax[keys],
     )
@@ -436,7 +474,9 @@ def loss_and_grad(
             f"loss_and_grad: the batch has {csr.num_features} columns but {k} coefficients "
             "were given"
         )
-    if isinstance(csr, CSRBatch) and csr.nnz and int(csr.indices.max()) >= k:
+    cached = getattr(csr, "_scipy", None)  # built (and checked) by an earlier call
+    fresh = cached is None or cached.shape[1] != k
+    if fresh and isinstance(csr, CSRBatch) and csr.nnz and int(csr.indices.max()) >= k:
         raise ValueError(
             f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
             "coefficients were given (is the batch localized?)"
@@ -446,7 +486,10 @@ def loss_and_grad(
     if fit_intercept:
         margin += intercept
     # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
-    loss_sum = float(np.dot(w, np.logaddexp(0.0, np.where(y > 0, -margin, margin))))
+    # A numpy sum, not a BLAS dot: an OpenBLAS call this size wakes helper threads that
+    # then spin, taking a core from the partition beside this one.
+    losses = np.logaddexp(0.0, np.where(y > 0, -margin, margin))
+    loss_sum = float((losses if csr.weights is None else w * losses).sum())
     with np.errstate(over="ignore"):
         r = w * (1.0 / (1.0 + np.exp(-margin)) - y)
     grad = (X.T @ r) * inv_std_local
@@ -565,6 +608,17 @@ def finish_objective(
     """
     if not weight_sum > 0:
         raise ValueError(f"the total instance weight of the pass is {weight_sum!r}")
+    if vecs.scaled_mean is not None and vecs.l2_scale is not None:  # the usual case: one op
+        return loss_sum / weight_sum + space.apply(
+            "lr_finish",
+            g,
+            x,
+            vecs.scaled_mean,
+            vecs.l2_scale,
+            inv_weight=1.0 / weight_sum,
+            intercept_step=-grad_intercept / weight_sum,
+            reg=vecs.reg_l2,
+        )
     space.scale(1.0 / weight_sum, g)
     if vecs.scaled_mean is not None:
         space.axpy(-grad_intercept / weight_sum, vecs.scaled_mean, g)

@@ -101,6 +101,7 @@ class _Solver(Generic[V]):
         self.iter = 0
         self._version: dict[int, int] = {}  # bumped when a history vector is overwritten
         self._gcache: dict = {}  # dot products between history vectors
+        self._gt_norm: float | None = None  # |g_trial|, when update_history computed it
 
     # ------------------------------------------------------------ evaluations
 
@@ -228,13 +229,16 @@ class _Solver(Generic[V]):
             self.rho.pop()
         else:
             s, y = sp.new(f"lbfgs.s{len(self.s)}"), sp.new(f"lbfgs.y{len(self.y)}")
-        sp.lincomb(s, [(1.0, self.xt), (-1.0, self.x)])
-        sp.lincomb(y, [(1.0, self.gt), (-1.0, self.g)])
+        combos = [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
+        pairs = [(s, y), (y, y)]
+        if self.l1 is None:  # |g_trial|, which accept() needs next, rides along
+            pairs.append((self.gt, self.gt))
+        sy, yy, *gg = sp.lincombs_dots(combos, pairs)  # one round trip for all of it
+        self._gt_norm = math.sqrt(gg[0]) if gg else None
         for h in (s, y):
             self._version[id(h)] = self._version.get(id(h), 0) + 1
         self.s.insert(0, s)
         self.y.insert(0, y)
-        sy, yy = sp.dots([(s, y), (y, y)])
         self.rho.insert(0, sy)
         self.yy0 = yy
 
@@ -245,10 +249,12 @@ class _Solver(Generic[V]):
         self.f = self.ft
         if self.l1 is None:
             self.adj_f = self.ft
-        else:
-            self.adj_f = self.ft + self.space.apply(
-                "owlqn_pseudo_gradient", self.pg, self.x, self.g, self.l1
-            )
+            known, self._gt_norm = self._gt_norm, None
+            self.gnorm = self.space.nrm2(self.g) if known is None else known
+            return
+        self.adj_f = self.ft + self.space.apply(
+            "owlqn_pseudo_gradient", self.pg, self.x, self.g, self.l1
+        )
         self.gnorm = self.space.nrm2(self._adjusted_grad())
 
     # ------------------------------------------------------------ L-BFGS line search

@@ -83,6 +83,27 @@ class PSVecSpace:
             {"coeffs": [float(c) for c, _ in terms]},
         )
 
+    def lincombs_dots(
+        self,
+        combos: list[tuple[PSVector, list[tuple[float, PSVector]]]],
+        pairs: list[tuple[PSVector, PSVector]],
+    ) -> list[float]:
+        """Linear combinations, then dot products, in one request per shard."""
+        models, index = [], {}
+
+        def at(v: PSVector) -> int:
+            if v.name not in index:
+                index[v.name] = len(models)
+                models.append(v.spec)
+            return index[v.name]
+
+        spec = {
+            "combos": [[at(o), [[float(c), at(v)] for c, v in t]] for o, t in combos],
+            "pairs": [[at(x), at(y)] for x, y in pairs],
+        }
+        out = self.context.client.call("linalg.lincombs_dots", models, spec)
+        return [float(v) for v in np.sum([arrays[0] for _, arrays in out], axis=0)]
+
     def release(self, x: PSVector) -> None:
         self.live.pop(x.name, None)
         x.drop()

@@ -79,6 +79,13 @@ class VecSpace(Protocol[V]):
         """``out = sum(c * v for c, v in terms)``; ``out`` may appear in ``terms``."""
         ...
 
+    def lincombs_dots(
+        self, combos: list[tuple[V, list[tuple[float, V]]]], pairs: list[tuple[V, V]]
+    ) -> list[float]:
+        """Each ``lincomb(out, terms)`` of ``combos`` in order, then ``dots(pairs)``: one
+        round trip on the PS."""
+        ...
+
     def release(self, x: V) -> None:
         """Free ``x``; the handle must not be used afterwards."""
         ...
@@ -182,6 +189,15 @@ class NumpyVecSpace:
         for c, v in terms[1:]:
             acc += float(c) * self._own(v)
         self._own(out)[...] = acc
+
+    def lincombs_dots(
+        self,
+        combos: list[tuple[np.ndarray, list[tuple[float, np.ndarray]]]],
+        pairs: list[tuple[np.ndarray, np.ndarray]],
+    ) -> list[float]:
+        for out, terms in combos:
+            self.lincomb(out, terms)
+        return self.dots(pairs)
 
     # ---------------------------------------------------------------- checks
 
