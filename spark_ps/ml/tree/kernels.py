@@ -102,10 +102,15 @@ def histogram_pass(
     """
     out = np.zeros((n_slots, bins.shape[1], n_bins, 4), dtype=np.int64)
     bad = _hist_rows(bins, slot_of_row, row_stats, n_bins, out)
+    _check_bins(bins, bad, n_bins)
+    return out
+
+
+def _check_bins(bins: np.ndarray, bad: int, n_bins: int) -> None:
+    """A kernel stopped at feature `bad` (>= 0) on a bin out of range: name it."""
     if bad >= 0:
         top = int(np.asarray(bins)[:, bad].max())
         raise ValueError(f"feature {bad} has bin {top} >= n_bins={n_bins}")
-    return out
 
 
 def node_histogram_pass(
@@ -121,9 +126,7 @@ def node_histogram_pass(
     not ``in_sample``) looked up in the loop: saves two numpy passes over the rows a layer."""
     out = np.zeros((n_slots, bins.shape[1], n_bins, 4), dtype=np.int64)
     bad = _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, row_stats, n_bins, out)
-    if bad >= 0:
-        top = int(np.asarray(bins)[:, bad].max())
-        raise ValueError(f"feature {bad} has bin {top} >= n_bins={n_bins}")
+    _check_bins(bins, bad, n_bins)
     return out
 
 
