@@ -41,43 +41,44 @@ except ImportError:  # numpy fallbacks in histogram.py / local.py are used inste
         return (lambda f: f) if not args or not callable(args[0]) else args[0]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_row(bins, r, s, stats, n_bins, out):
+    """Add row `r`'s statistics to slot `s` of every feature; a bad bin's feature, else -1."""
+    q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
+    for j in range(bins.shape[1]):
+        b = bins[r, j]
+        if b >= n_bins:
+            return j
+        out[s, j, b, 0] += 1
+        out[s, j, b, 1] += q0
+        out[s, j, b, 2] += q1
+        out[s, j, b, 3] += q2
+    return -1
+
+
 @njit(cache=True, nogil=True)
 def _hist_rows(bins, slot_of_row, stats, n_bins, out):
-    n, f = bins.shape
-    for r in range(n):  # one pass over rows: each row's bins and stats are read once
+    for r in range(bins.shape[0]):  # one pass over rows: each row's bins and stats are read once
         s = slot_of_row[r]
         if s < 0:
             continue
-        q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
-        for j in range(f):
-            b = bins[r, j]
-            if b >= n_bins:
-                return j  # the caller names the feature; out is discarded
-            out[s, j, b, 0] += 1
-            out[s, j, b, 1] += q0
-            out[s, j, b, 2] += q1
-            out[s, j, b, 3] += q2
+        bad = _add_row(bins, r, s, stats, n_bins, out)
+        if bad >= 0:
+            return bad  # the caller names the feature; out is discarded
     return -1
 
 
 @njit(cache=True, nogil=True)
 def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, out):
-    n, f = bins.shape
-    for r in range(n):  # as _hist_rows, the row's slot looked up on the way
+    for r in range(bins.shape[0]):  # as _hist_rows, the row's slot looked up on the way
         if not in_sample[r]:
             continue
         s = slot_of_node[node_of_row[r]]
         if s < 0:
             continue
-        q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
-        for j in range(f):
-            b = bins[r, j]
-            if b >= n_bins:
-                return j
-            out[s, j, b, 0] += 1
-            out[s, j, b, 1] += q0
-            out[s, j, b, 2] += q1
-            out[s, j, b, 3] += q2
+        bad = _add_row(bins, r, s, stats, n_bins, out)
+        if bad >= 0:
+            return bad  # the caller names the feature; out is discarded
     return -1
 
 
