@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if value:
             os.environ[env] = os.path.abspath(value)  # inherited by the shard processes
+    from ps_server.lifecycle import keep_freed_memory
     from ps_server.service import run
 
+    keep_freed_memory()  # the coordinator relays board posts (a GBT fit's trees) too
     run(
         args.host,
         args.port,

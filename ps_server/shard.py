@@ -389,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     lifecycle.die_with_parent()
+    lifecycle.keep_freed_memory()
     token = os.environ.get("SPARK_PS_TOKEN", "")
     server, port, servicer = serve_shard(
         args.index,

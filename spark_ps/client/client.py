@@ -59,6 +59,17 @@ class PSError(RuntimeError):
         self.code, self.shard, self.rpc = code, shard, rpc
 
 
+class _Done:
+    """A blocking unary call behind the ``result()`` of a future (raises on ``result()``)."""
+
+    def __init__(self, stub, request, metadata, timeout: float) -> None:
+        self._call = (stub, request, metadata, timeout)
+
+    def result(self):
+        stub, request, metadata, timeout = self._call
+        return stub(request, metadata=metadata, timeout=timeout)
+
+
 class PSClient:
     """A connection set to one PS service (coordinator + shards)."""
 
@@ -144,17 +155,8 @@ class PSClient:
         ]
         deadline, delay = time.monotonic() + self.retry_seconds, 0.1
         while pending:
-            futures = [
-                (
-                    i,
-                    getattr(self.shards[requests[i][0]], rpc).future(
-                        requests[i][1], metadata=mds[i], timeout=self.timeout
-                    ),
-                )
-                for i in pending
-            ]
             retry = []
-            for i, fut in futures:
+            for i, fut in self._send(rpc, requests, mds, pending):
                 try:
                     results[i] = fut.result()
                 except grpc.RpcError as e:
@@ -175,6 +177,23 @@ class PSClient:
                 self.refresh()
             pending = retry
         return results
+
+    def _send(self, rpc: str, requests: list[tuple[int, object]], mds: list, pending: list[int]):
+        """(index, future-like) per pending request. One request is a plain blocking call:
+        a future costs a hand-off to gRPC's polling thread (~0.5 ms per call, measured)."""
+        if len(pending) == 1:
+            (i,) = pending
+            stub = getattr(self.shards[requests[i][0]], rpc)
+            return [(i, _Done(stub, requests[i][1], mds[i], self.timeout))]
+        return [
+            (
+                i,
+                getattr(self.shards[requests[i][0]], rpc).future(
+                    requests[i][1], metadata=mds[i], timeout=self.timeout
+                ),
+            )
+            for i in pending
+        ]
 
     def _check_size(self, nbytes: int, rpc: str, shard: int | None = None) -> None:
         """Refuse, before sending anything, a request the servers would refuse as too big."""

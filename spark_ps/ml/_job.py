@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ps_server.lifecycle import keep_freed_memory
 from spark_ps.client import get_client
 from spark_ps.ml._recovery import ShardRestarted
 
@@ -151,6 +152,7 @@ def run_worker_loop(
         from pyspark import BarrierTaskContext
 
         tc = BarrierTaskContext.get()
+        keep_freed_memory()  # message buffers are reused, not page-faulted in per call
         ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca)
         setup(batches, ctx)
         if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
