@@ -9,9 +9,12 @@ import pytest
 from pyspark.ml.classification import GBTClassifier as MLlibGBT
 from pyspark.ml.linalg import Vectors
 from pyspark.ml.regression import GBTRegressor as MLlibGBTRegressor
+from pyspark.sql import functions as F
 
 from spark_ps.ml import _job
 from spark_ps.ml.classification import GBTClassifier
+from spark_ps.ml.gbt import boost_worker
+from spark_ps.ml.gbt.boost_worker import layer_shards
 from spark_ps.ml.regression import GBTRegressor
 
 
@@ -113,3 +116,37 @@ def test_sparse_vectors_train_the_trees_of_their_dense_rows(spark_ps, data):
         sparse_model.toDebugString.split("\n", 1)[1] == dense_model.toDebugString.split("\n", 1)[1]
     )
     np.testing.assert_array_equal(_probs(sparse_model, sparse), _probs(dense_model, data))
+
+
+def test_layer_splits_spread_over_shards_by_histogram_size():
+    assert layer_shards(6, 32, 2) == 1  # 192 cells: one shard answers faster than two
+    assert layer_shards(24, 32, 2) == 1
+    assert layer_shards(1000, 32, 2) == 2  # wide data: every shard its feature range
+    assert layer_shards(1000, 32, 4, cells_per_shard=10_000) == 4
+    assert layer_shards(6, 32, 2, cells_per_shard=1) == 2
+    assert layer_shards(0, 32, 2) == 1
+
+
+def test_same_trees_whether_one_shard_or_every_shard_finds_the_splits(spark_ps, data, monkeypatch):
+    params = dict(maxIter=3, maxDepth=4, seed=3)
+    one = GBTClassifier(**params).fit(data)  # 6 features: one shard finds every split
+    monkeypatch.setattr(boost_worker, "CELLS_PER_SHARD", 1)  # each shard its feature range
+    spread = GBTClassifier(**params).fit(data)
+    assert _structure(spread) == _structure(one)
+
+
+def test_clean_rows_cost_no_check_job_and_bad_rows_get_mllibs_words(spark_ps, data, monkeypatch):
+    calls = []
+    check = GBTClassifier._check_rows
+
+    def counted(self, *args, **kwargs):
+        calls.append(args)
+        return check(self, *args, **kwargs)
+
+    monkeypatch.setattr(GBTClassifier, "_check_rows", counted)
+    GBTClassifier(maxIter=1, maxDepth=2).fit(data)
+    assert calls == []  # the workers' read found nothing to refuse: no extra Spark job
+    bad = data.union(data.limit(1).withColumn("label", F.lit(2.0)))
+    with pytest.raises(ValueError, match=r"Labels MUST be in \{0, 1\}, but got 2\.0"):
+        GBTClassifier(maxIter=1, maxDepth=2).fit(bad)
+    assert len(calls) == 1  # refused by a worker, worded by the estimator's check

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 
 import numpy as np
@@ -30,10 +31,11 @@ from pyspark.sql import functions as F
 from ps_server.keys import mix64
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
-from spark_ps.ml._job import PSJob, WorkerContext
+from spark_ps.ml._job import PSJob, WorkerContext, _latest
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData, _quote
+from spark_ps.ml.gbt import boost_worker
 from spark_ps.ml.gbt.boost_worker import boost, early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
 from spark_ps.ml.tree.binning import (
@@ -83,7 +85,12 @@ def _setup(prepared: PreparedData):
         t0 = time.perf_counter()
         batches = list(batches)
         t1 = time.perf_counter()
-        csr = read_partition(batches, features, label_col=label, weight_col=weight, **dense)
+        try:
+            csr = read_partition(batches, features, label_col=label, weight_col=weight, **dense)
+        except (ValueError, TypeError) as e:  # reported at `meta`: the driver names the rows
+            ctx.state.update(refused=f"partition {ctx.part}: {e}", rows=0, num_features=0)
+            ctx.state.update({k: np.zeros(0) for k in ("y", "w", "yv", "wv")})
+            return
         t2 = time.perf_counter()
         flags = (
             np.concatenate(
@@ -127,10 +134,29 @@ def _per_part(ctx: WorkerContext, round_: int, n_workers: int, values: list[floa
     ctx.contribute(round_, out.ravel())
 
 
+def _refusal(s: dict, classification: bool) -> str:
+    """Why this partition's rows cannot train ('' if they can): what reading refused, or a
+    classification label outside {0, 1} (training or validation rows)."""
+    if s.get("refused"):
+        return s["refused"]
+    if classification:
+        for name in ("y", "yv"):
+            bad = (s[name] != 0.0) & (s[name] != 1.0)
+            if bad.any():
+                return f"Labels MUST be in {{0, 1}}, but got {float(s[name][bad.argmax()])}"
+    return ""
+
+
 def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Row counts, max weight, features, and whether the rows were refused (then the
+    reason is posted on ``<topic>/refused/<part>`` for the driver)."""
     s = ctx.state
     max_w = float(s["w"].max()) if s["w"].size else 0.0
-    _per_part(ctx, round_, cmd["n_workers"], [s["y"].size, s["yv"].size, max_w, s["num_features"]])
+    refused = _refusal(s, cmd["classification"])
+    if refused:
+        ctx.client.post(f"{ctx.topic}/refused/{ctx.part}", 1, {"error": refused})
+    values = [s["y"].size, s["yv"].size, max_w, s["num_features"], float(bool(refused))]
+    _per_part(ctx, round_, cmd["n_workers"], values)
 
 
 def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
@@ -252,17 +278,39 @@ def _fit_params(params: dict) -> dict:
     return {k: params[k] for k in keep if k in params}
 
 
+class _RowsRefused(Exception):
+    """The workers' read refused rows; the fit stops and the driver words the error."""
+
+
+def _check_meta(job: PSJob, meta: np.ndarray) -> None:
+    """Raise :class:`_RowsRefused` if the workers' read refused rows, partitions disagree on
+    the number of features, or no row trains (see :func:`train_gbt`)."""
+    has_rows = (meta[:, 0] + meta[:, 1]) > 0
+    dims = set(meta[has_rows, 3].astype(np.int64).tolist())
+    refused = np.flatnonzero(meta[:, 4] > 0)
+    if refused.size:
+        msg = _latest(job.ps.client, f"{job.topic}/refused/{int(refused[0])}")
+        raise _RowsRefused(msg["error"] if msg else f"partition {int(refused[0])} refused its rows")
+    if len(dims) > 1:
+        raise _RowsRefused(f"partitions disagree on the number of features: {sorted(dims)}")
+    if meta[:, 0].sum() == 0:
+        raise _RowsRefused(
+            "DecisionTree requires size of input RDD > 0, but was given by empty one."
+        )
+
+
 def _prepare(job: PSJob, ps, p) -> dict:
     """Set-up rounds: row counts, the merged sketch -> thresholds, binning; the boost command."""
     nw = job.num_workers
     t0 = time.perf_counter()
-    _, meta = job.call("meta", n_workers=nw)  # waits for the job to start and read its rows
+    classification = get_loss(p.lossType).is_classification
+    # waits for the job to start and read its rows
+    _, meta = job.call("meta", n_workers=nw, classification=classification)
     t1 = time.perf_counter()
-    meta = meta.reshape(nw, 4)
+    meta = meta.reshape(nw, 5)
+    _check_meta(job, meta)
     n_rows, max_w = int(meta[:, 0].sum()), float(meta[:, 2].max())
     n_features = int(meta[:, 3].max())
-    if n_rows == 0:
-        raise ValueError("the training dataset is empty")
     thresholds = [t.tolist() for t in _thresholds(job, ps, n_rows, n_features, max_w, p)]
     t2 = time.perf_counter()
     wexp = weight_exponent(max_w, n_rows)
@@ -284,6 +332,7 @@ def _prepare(job: PSJob, ps, p) -> dict:
         "n_features": n_features,
         "max_w": max_w,
         "min_w": p.minWeightFractionPerNode * total_w,
+        "cells_per_shard": boost_worker.CELLS_PER_SHARD,  # read now: tests lower it
     }
 
 
@@ -299,12 +348,26 @@ def _dense_rows(data: PreparedData):
     col = data.features_col
     vec = F.col(_quote(col))
     struct = F.unwrap_udt(vec)
-    dense = F.when(struct.getField("type") == 1, struct.getField("values"))
+    null = F.lit(None).cast("array<double>")  # vector_to_array fails on null: the read refuses it
+    dense = F.when(vec.isNull(), null).when(struct.getField("type") == 1, struct.getField("values"))
     return data.df.withColumn(col, dense.otherwise(vector_to_array(vec, "float64")))
 
 
-def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | None = None):
-    """The PS trainer of GBTClassifier/GBTRegressor (see spark_ps.ml.gbt.estimator)."""
+def train_gbt(
+    data: PreparedData,
+    params: dict,
+    *,
+    validation: PreparedData | None = None,
+    check_rows: Callable[[], None] | None = None,
+):
+    """The PS trainer of GBTClassifier/GBTRegressor (see spark_ps.ml.gbt.estimator).
+
+    The workers' read validates every row (labels, weights, feature values, vector sizes);
+    only when it refused something, partitions disagree on the number of features or no row
+    trains does the driver, once the job has ended (it holds every task slot), run
+    ``check_rows``: the estimator's Spark job that finds the offending row and raises
+    MLlib's error. Clean data thus costs no extra Spark job (~1.1-1.7 s per fit, measured
+    on nycflights under load)."""
     p = resolve_params(_fit_params(params))
     loss = get_loss(p.lossType)
     df = _dense_rows(data).withColumn(_VAL, F.lit(False))
@@ -326,7 +389,15 @@ def train_gbt(data: PreparedData, params: dict, *, validation: PreparedData | No
         recovery = FitRecovery(job, interval, ps_state=False, what=job.name, watch=False)
         ps.fit_started(recovery)
         try:
-            cmd = _prepare(job, ps, p)
+            try:
+                cmd = _prepare(job, ps, p)
+            except Exception as e:  # bad rows (or an empty input) may have ended the job
+                job.stop(raise_errors=False)  # it holds the task slots check_rows needs
+                if check_rows is not None:
+                    check_rows()  # MLlib's error for the first bad row, if there is one
+                if isinstance(e, _RowsRefused):
+                    raise ValueError(str(e)) from None
+                raise
             t_setup = time.perf_counter() - t0
             trees, weights, hist = _read_trees(job, cmd, p, validation is not None, recovery)
         finally:

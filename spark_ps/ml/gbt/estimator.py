@@ -18,10 +18,15 @@ uses when it grows one tree per iteration). ``validation`` (rows whose
 ``validationIndicatorCol`` is true) is passed only when that Param is set; the training rows
 are the others. ``history`` is the training loss per iteration, or a mapping whose
 ``"train_loss"`` holds it.
+
+A trainer may also take ``check_rows: Callable[[], None]``: it then validates the rows as it
+reads them and calls ``check_rows()`` (a Spark job that raises MLlib's error for the first bad
+row) only when it found something to refuse. Other trainers get rows checked before they start.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -56,6 +61,12 @@ TrainerFn = Callable[..., tuple]
 class _Trainer:
     fn: TrainerFn
     unsupported: frozenset[str]
+
+    @property
+    def checks_rows(self) -> bool:
+        """Whether ``fn`` takes ``check_rows`` (it validates rows itself and calls that only
+        when it found something to refuse); otherwise ``fit`` runs the check first."""
+        return "check_rows" in inspect.signature(self.fn).parameters
 
     @property
     def name(self) -> str:
@@ -136,8 +147,12 @@ class _GBTEstimator(DefaultParamsWritable):
         train, validation = self._split(dataset)
         data = self._prepare(train)
         val_data = self._prepare(validation) if validation is not None else None
-        self._check_rows(dataset, training=validation is not None)
-        kwargs = {"validation": val_data} if val_data is not None else {}
+        kwargs: dict[str, Any] = {"validation": val_data} if val_data is not None else {}
+        check = functools.partial(self._check_rows, dataset, training=validation is not None)
+        if trainer.checks_rows:
+            kwargs["check_rows"] = check  # the trainer calls it when its read refuses rows
+        else:
+            check()
         trees, weights, num_features, history = trainer.fn(data, self._params_dict(), **kwargs)
         if isinstance(history, Mapping):
             history = history.get("train_loss", [])
