@@ -22,6 +22,7 @@ from spark_ps import PSContext, PSVector
 from spark_ps.client import PSError
 from spark_ps.ml import _recovery
 from spark_ps.ml.classification import GBTClassifier, LogisticRegression
+from spark_ps.ml.gbt import boost_worker
 
 
 @pytest.fixture
@@ -110,13 +111,21 @@ def test_lr_fit_survives_a_shard_sigkill_and_equals_the_clean_run(spark, ckpt_ps
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(spark, ckpt_ps, monkeypatch):
+@pytest.mark.parametrize("spread", [True, False], ids=["shard-in-use", "idle-shard"])
+def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(
+    spark, ckpt_ps, monkeypatch, spread
+):
+    """`spread`: every shard finds splits, so the killed shard serves the fit (its workers
+    fail and resume); else 5 features need one shard and the killed one only spoils the
+    checkpoint being written, which is written again."""
     rng = np.random.default_rng(5)
     X = np.round(rng.normal(size=(2000, 5)), 1)
     y = ((X[:, 0] + X[:, 1] * X[:, 2]) > 0).astype(float)
     df = spark.createDataFrame(
         [(float(y[i]), Vectors.dense(X[i])) for i in range(len(y))], ["label", "features"]
     ).cache()
+    if spread:
+        monkeypatch.setattr(boost_worker, "CELLS_PER_SHARD", 1)
     gbt = GBTClassifier(maxIter=5, maxDepth=4, seed=3, numWorkers=2, checkpointInterval=2)
     clean = gbt.fit(df)
     before = ckpt_ps.metrics()

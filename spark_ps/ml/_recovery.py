@@ -80,13 +80,19 @@ class FitRecovery:
         due = self.enabled and iteration != self.saved and iteration % self.interval == 0
         if not (due or requested) or not self.uri:
             return
-        version = self.ps.next_version(self.uri)
         meta = {"fits": {self.job.topic: {"iteration": iteration, "state": state()}}}
-        try:
-            self.ps.client.checkpoint(self.uri, version, meta, restarts=self.job.restarts)
-        except Exception:
-            self.job.check_shards()  # a restart while writing: roll back, not fail
-            raise
+        for attempt in range(3):  # a fit without PS state retries a version a restart spoiled
+            version = self.ps.next_version(self.uri)
+            restarts = self.ps.client.shard_restarts()
+            try:
+                self.ps.client.checkpoint(self.uri, version, meta, restarts=self.job.restarts)
+                break
+            except Exception:
+                self.job.check_shards()  # a restart while writing: roll back, not fail
+                moved = self.ps.client.shard_restarts() != restarts
+                if self.ps_state or not moved or attempt == 2:
+                    raise
+                log.info("%s: a shard restarted while v%d was written; again", self.what, version)
         self.saved = iteration
         self.ps.checkpoint_taken(self.uri, version)
         log.info("%s: checkpoint v%d at %s %d", self.what, version, self._unit, iteration)
