@@ -10,6 +10,10 @@ backup is promoted instead (no update lost), and a new backup is started and
 seeded from the survivor before it joins. Only when both die is the shard
 restarted as above. Promotions, resyncs, lost backups and restarts are counted
 in the coordinator (`CoordinatorServicer.count`).
+
+Each index is watched by its own thread, the only one that changes that index's
+processes: seeding a backup (up to minutes for a big shard, or a hung primary's
+timeout) never delays the promotion or restart of another index.
 """
 
 from __future__ import annotations
@@ -99,12 +103,15 @@ class Service:
         self.backup_addr = [""] * num_shards  # "" until the backup is seeded and attached
         self.restarts = 0
         self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()  # channels, restarts, spawned; never held over an RPC
+        self._spawned: list[subprocess.Popen] = []  # every process started: stop() ends them
 
     @property
     def _primary_role(self) -> str:
         return "solo" if self.replicas == 1 else "primary"
 
-    def _spawn(self, index: int, role: str) -> subprocess.Popen:
+    def _spawn(self, index: int, role: str) -> subprocess.Popen | None:
+        """Start a shard process (None once the service is stopping: stop() would miss it)."""
         cmd = [
             sys.executable,
             "-m",
@@ -127,7 +134,12 @@ class Service:
         env = dict(os.environ, SPARK_PS_TOKEN=self.token)
         for var in _BLAS_THREAD_VARS:  # unless the operator chose otherwise
             env.setdefault(var, "1")
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        with self._lock:
+            if self.stop_event.is_set():
+                return None
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+            self._spawned.append(proc)
+        return proc
 
     def start(self, timeout: float = 60.0) -> None:
         self.server.start()
@@ -153,17 +165,32 @@ class Service:
     def supervise(self) -> None:
         """Restart dead shards (or promote their backups) until stopped or orphaned."""
         parent = os.getppid()
+        watchers = [
+            threading.Thread(target=self._watch, args=(i,), name=f"ps shard {i}", daemon=True)
+            for i in range(self.num_shards if self.restart else 0)
+        ]
+        for t in watchers:
+            t.start()
         while not self.stop_event.wait(0.2):
             if os.getppid() != parent:
                 break
-            if not self.restart:
-                continue
-            for i, p in enumerate(self.procs):
+        self.stop_event.set()
+        self._close_channels()  # a watcher blocked in Configure gets its error now
+        for t in watchers:
+            t.join(10)
+        self.stop()
+
+    def _watch(self, i: int) -> None:
+        """Index `i`'s supervisor: the only thread that replaces its processes."""
+        while not self.stop_event.wait(0.2):
+            try:
+                p = self.procs[i]
                 if p is not None and p.poll() is not None:
                     self._primary_died(i, p)
-                if self.replicas == 2:
+                if self.replicas == 2 and not self.stop_event.is_set():
                     self._tend_backup(i)
-        self.stop()
+            except Exception:  # noqa: BLE001 - a watcher that died would leave `i` unwatched
+                log.exception("shard %d: supervising failed; trying again", i)
 
     def _primary_died(self, i: int, p: subprocess.Popen) -> None:
         """Promote a live attached backup (no update lost), else restart the shard."""
@@ -198,7 +225,8 @@ class Service:
         )
         if b is not None:
             self._discard_backup(i, "its primary died before it was usable")
-        self.restarts += 1
+        with self._lock:
+            self.restarts += 1
         self.coordinator.count("restart")
         self.procs[i] = self._spawn(i, self._primary_role)
 
@@ -260,18 +288,28 @@ class Service:
 
     def _configure(self, address: str, backup: str) -> pb.Ack:
         """Tell the shard at `address` to be a primary forwarding to `backup` ("" = none)."""
-        if address not in self._channels:
-            self._channels[address] = tls.open_channel(address, tls.env_ca())
-        stub = pb_grpc.ShardStub(self._channels[address])
+        with self._lock:
+            if self.stop_event.is_set():
+                raise _Stopping()
+            if address not in self._channels:
+                self._channels[address] = tls.open_channel(address, tls.env_ca())
+            stub = pb_grpc.ShardStub(self._channels[address])
         return stub.Configure(
             pb.ReplicaConfig(role="primary", backup=backup),
             metadata=((TOKEN_KEY, self.token),),
             timeout=300,
         )
 
+    def _close_channels(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()  # cancels the calls in flight on it
+
     def stop(self) -> None:
-        self.stop_event.set()
-        procs = [p for p in self.procs + self.backups if p is not None]
+        with self._lock:  # no process is started after this
+            self.stop_event.set()
+            procs = list(self._spawned)
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -281,9 +319,15 @@ class Service:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        for ch in self._channels.values():
-            ch.close()
+        self._close_channels()
         self.server.stop(grace=0.5)
+
+
+class _Stopping(grpc.RpcError):
+    """Configure refused because the service is stopping (callers log `details()`)."""
+
+    def details(self) -> str:
+        return "the PS service is stopping"
 
 
 def run(

@@ -4,7 +4,9 @@ partitions. Exactly-once per (step, partition), one answer for every caller and 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -150,3 +152,35 @@ def test_a_part_with_another_n_parts_is_refused_and_the_set_still_completes(ps):
     meta, arrays = _gather(ps, topic, 0, 1, 2, [7.0])
     np.testing.assert_array_equal(arrays[0], [[5.0], [7.0]])
     ps.client.call("rendezvous.drop", [], {"topic": topic})
+
+
+def test_idle_topics_expire_after_the_ttl_but_busy_and_waiting_ones_stay(monkeypatch):
+    """A driver that died before `rendezvous.drop` leaves its steps behind; a later call
+    drops every topic idle for SPARK_PS_RENDEZVOUS_TTL seconds (here 2 s, its own PS)."""
+    from spark_ps import PSContext
+
+    monkeypatch.setenv("SPARK_PS_RENDEZVOUS_TTL", "2")
+    ctx = PSContext.start(numShards=1)
+    try:
+        idle, busy, waiting = _topic(), _topic(), _topic()
+        _gather(ctx, idle, 0, 0, 1, [1.0])  # a completed step
+        assert _gather(ctx, idle, 1, 0, 2, [5.0], wait=0.1)[0] == {"pending": True}
+        _gather(ctx, busy, 0, 0, 1, [2.0])
+        with ThreadPoolExecutor(1) as pool:  # a caller waits 6 s, longer than the TTL
+            first = pool.submit(_gather, ctx, waiting, 0, 0, 2, [3.0], 6.0)
+            time.sleep(1.4)
+            _, arrays = _gather(ctx, busy, 0, 0, 1, [9.0])  # a retry: cached, and a touch
+            np.testing.assert_array_equal(arrays[0], [[2.0]])
+            time.sleep(1.4)
+            _gather(ctx, _topic(), 0, 0, 1, [0.0])  # any later call sweeps
+            _, arrays = _gather(ctx, waiting, 0, 1, 2, [4.0])
+            np.testing.assert_array_equal(arrays[0], [[3.0], [4.0]])
+            np.testing.assert_array_equal(first.result(10)[1][0], [[3.0], [4.0]])
+
+        def held(topic):
+            ((meta, _),) = ctx.client.call("rendezvous.drop", [], {"topic": topic})
+            return meta["dropped"]
+
+        assert (held(idle), held(busy), held(waiting)) == (0, 1, 1)
+    finally:
+        ctx.stop()

@@ -364,3 +364,43 @@ def test_a_backup_is_seeded_under_a_small_request_limit():
         client.close()
         svc.stop_event.set()
         supervisor.join(30)
+
+
+@pytest.mark.slow
+def test_a_hung_shard_does_not_delay_another_shards_promotion():
+    """Shard 0's primary hangs (SIGSTOP) while its backup must be replaced, so supervising
+    index 0 blocks in Configure; shard 1's primary dies meanwhile and its backup is
+    promoted at once, not after index 0's call times out (up to 300 s)."""
+    svc = Service(num_shards=2, token=TOKEN, replicas=2)
+    svc.start()
+    supervisor = threading.Thread(target=svc.supervise, daemon=True)
+    supervisor.start()
+    client = PSClient(svc.address, TOKEN, retry_seconds=60)
+    hung = svc.procs[0].pid
+    try:
+        spec = _spec("r-hung", dim=1000)
+        client.create(spec)
+        client.push(spec, np.arange(1000), np.ones(1000))
+        _in_sync(client)
+        os.kill(hung, signal.SIGSTOP)
+        os.kill(svc.backups[0].pid, signal.SIGKILL)  # index 0 must detach it: Configure hangs
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        os.kill(svc.procs[1].pid, signal.SIGKILL)
+        while svc.coordinator.counters.get("promotion", 0) == 0:
+            assert time.monotonic() - t0 < 15, "shard 1 was not promoted while shard 0 hung"
+            time.sleep(0.05)
+        os.kill(hung, signal.SIGCONT)
+        hung = None
+        _in_sync(client)  # both indexes have a seeded backup again
+        np.testing.assert_array_equal(client.pull(spec, np.arange(1000)), np.ones(1000))
+        _assert_identical(client)
+        assert svc.coordinator.counters.get("restart", 0) == 0
+    finally:
+        if hung is not None:
+            os.kill(hung, signal.SIGCONT)
+        client.close()
+        svc.stop_event.set()
+        supervisor.join(30)
+    assert not supervisor.is_alive()
+    assert all(p.poll() is not None for p in svc.procs + svc.backups if p is not None)

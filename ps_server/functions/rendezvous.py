@@ -10,14 +10,21 @@ No driver is in the loop.
 A call waits at most ``wait`` seconds and then answers "pending" (the client simply asks
 again), so no client deadline is ever hit while a retried stage re-reads its data.
 
+A driver drops its job's topics when the job ends; one that died first cannot, so a topic
+none of whose steps was called for ``SPARK_PS_RENDEZVOUS_TTL`` seconds (default 3600, far
+above any wait) is dropped by a later call (idle topics are looked for every few seconds).
+
 Imports only numpy: this module is loaded by shard processes.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,20 +41,30 @@ __all__ = [
 ]
 
 _MAX_WAIT = 60.0
+TTL_ENV = "SPARK_PS_RENDEZVOUS_TTL"  # seconds a topic may sit idle before it is dropped
+_DEFAULT_TTL = 3600.0
+_SWEEP_SECONDS = 5.0  # idle topics are looked for at most this often (on a join)
 
 
 class Rendezvous:
-    """Parts and answers of every (topic, step) this shard has seen, until `drop(topic)`."""
+    """Parts and answers of every (topic, step) this shard has seen, until `drop(topic)` or
+    until the topic has been idle for `ttl` seconds (its driver died before dropping it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ttl: float | None = None) -> None:
         self._cond = threading.Condition()
-        self._parts: dict[tuple[str, int], tuple[int, dict[int, Any]]] = {}  # (n_parts, parts)
-        self._done: dict[tuple[str, int], tuple[bool, Any]] = {}  # (ok, answer or error)
+        self._parts: dict[tuple[str, int], _Pending] = {}
+        self._done: dict[tuple[str, int], Any] = {}  # answers of completed steps
+        self._failed: dict[tuple[str, int], tuple[int, Exception]] = {}  # (generation, error)
         self._scratch: dict[str, dict] = {}
+        self._generation = itertools.count()
+        self._ttl = _ttl_from_env() if ttl is None else float(ttl)
+        self._touched: dict[str, float] = {}  # topic -> monotonic time of its last call
+        self._waiting: dict[str, int] = {}  # topic -> callers waiting now (never expired)
+        self._next_sweep = time.monotonic() + self._sweep_every()
 
     def scratch(self, topic: str) -> dict:
-        """State a `compute` keeps between the steps of `topic` (only touch it in `compute`,
-        which runs under the lock); dropped with the topic."""
+        """State a `compute` keeps between the steps of `topic` (only touch it under the
+        lock: in `compute` or `admit`); dropped with the topic."""
         return self._scratch.setdefault(topic, {})
 
     def join(
@@ -58,59 +75,131 @@ class Rendezvous:
         value: Any,
         compute: Callable[[dict[int, Any]], Any],
         wait: float,
+        admit: Callable[[], None] | None = None,
     ) -> tuple[bool, Any]:
         """Leave `value` as `part`'s share of step `key`; (True, answer) once all `n_parts`
         are in (`compute(parts)` runs once, on the completing call), (False, None) if the
-        set is still incomplete after `wait` seconds. If `compute` raises, the callers
-        waiting then get the error and the step starts afresh with the next call. A call
-        whose `n_parts` differs from the pending set's is refused: the set would complete
-        at the wrong count (too early, with parts missing, or never)."""
+        set is still incomplete after `wait` seconds.
+
+        `admit()` (under the lock) may refuse the part by raising before it is left, but
+        only while the step is open: a retry of a completed step gets its answer. If
+        `compute` raises, every caller whose part was in that set gets the error, and the
+        step starts afresh with the next call. A call whose `n_parts` differs from the
+        pending set's is refused: the set would complete at the wrong count (too early,
+        with parts missing, or never)."""
         deadline = time.monotonic() + min(max(float(wait), 0.0), _MAX_WAIT)
+        topic = key[0]
         with self._cond:
-            if key in self._done and not self._done[key][0]:
-                del self._done[key]  # a failed step is tried afresh (e.g. by a replay)
+            self._expire_idle()
+            self._touched[topic] = time.monotonic()
+            generation = None
             if key not in self._done:
-                expected, parts = self._parts.setdefault(key, (n_parts, {}))
-                if expected != n_parts:
-                    raise RequestError(
-                        "INVALID_ARGUMENT",
-                        f"step {key[1]} of {key[0]!r}: part {part} says n_parts {n_parts}, "
-                        f"but parts {sorted(parts)} said {expected}",
-                    )
-                parts[part] = value
-                if len(parts) >= n_parts:
-                    del self._parts[key]
-                    try:
-                        self._done[key] = (True, compute(parts))
-                    except Exception as e:  # noqa: BLE001 - every waiting caller gets it
-                        self._done[key] = (False, e)
-                    self._cond.notify_all()
-            while key not in self._done:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False, None
-                self._cond.wait(left)
-            ok, answer = self._done[key]
-        if not ok:
-            raise answer
-        return True, answer
+                generation = self._leave(key, part, n_parts, value, compute, admit)
+            self._waiting[topic] = self._waiting.get(topic, 0) + 1
+            try:
+                while key not in self._done:
+                    failed = self._failed.get(key)
+                    if failed is not None and failed[0] == generation:
+                        raise _copy(failed[1])
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False, None
+                    self._cond.wait(left)
+                return True, self._done[key]
+            finally:
+                self._waiting[topic] -= 1
+                if not self._waiting[topic]:
+                    del self._waiting[topic]
+                self._touched[topic] = time.monotonic()
+
+    def _leave(self, key, part, n_parts, value, compute, admit) -> int:
+        """Add the part to the open set of `key` (computing it when complete); its generation."""
+        pending = self._parts.get(key)
+        if pending is not None and pending.n_parts != n_parts:
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"step {key[1]} of {key[0]!r}: part {part} says n_parts {n_parts}, "
+                f"but parts {sorted(pending.parts)} said {pending.n_parts}",
+            )
+        if admit is not None:
+            admit()  # before anything is stored: a refused call leaves no trace
+        if pending is None:
+            pending = self._parts[key] = _Pending(n_parts, {}, next(self._generation))
+        pending.parts[part] = value
+        if len(pending.parts) >= n_parts:
+            del self._parts[key]
+            try:
+                self._done[key] = compute(pending.parts)
+                self._failed.pop(key, None)
+            except Exception as e:  # noqa: BLE001 - every caller of this set gets it
+                self._failed[key] = (pending.generation, e)
+            self._cond.notify_all()
+        return pending.generation
+
+    def _sweep_every(self) -> float:
+        return min(_SWEEP_SECONDS, max(self._ttl / 2, 0.05))
+
+    def _expire_idle(self) -> None:
+        """Drop the topics idle for longer than the TTL (at most once every few seconds)."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self._sweep_every()
+        idle = [
+            t for t, at in self._touched.items() if now - at > self._ttl and t not in self._waiting
+        ]
+        for t in idle:
+            self._forget(lambda name, t=t: name == t)
+
+    def _forget(self, match: Callable[[str], bool]) -> int:
+        """Remove every step, answer and scratch of the topics `match` selects (under the lock)."""
+        for t in [t for t in self._scratch if match(t)]:
+            del self._scratch[t]
+        for t in [t for t in self._touched if match(t)]:
+            del self._touched[t]
+        keys = {k for k in (*self._parts, *self._done, *self._failed) if match(k[0])}
+        for k in keys:
+            self._parts.pop(k, None)
+            self._done.pop(k, None)
+            self._failed.pop(k, None)
+        return len(keys)
 
     def drop(self, topic: str) -> int:
         """Forget every step of `topic` and its sub-topics ("topic/...", the job ended);
         returns how many steps were held."""
         with self._cond:
-            mine = [t for t in self._scratch if t == topic or t.startswith(topic + "/")]
-            for t in mine:
-                del self._scratch[t]
-            keys = [
-                k
-                for k in (*self._parts, *self._done)
-                if k[0] == topic or k[0].startswith(topic + "/")
-            ]
-            for k in keys:
-                self._parts.pop(k, None)
-                self._done.pop(k, None)
-            return len(keys)
+            return self._forget(lambda t: t == topic or t.startswith(topic + "/"))
+
+    def topics(self) -> list[str]:
+        """The topics held now (for tests and health checks)."""
+        with self._cond:
+            return sorted({k[0] for k in (*self._parts, *self._done, *self._failed)})
+
+
+@dataclass
+class _Pending:
+    """The parts of one open step so far; `generation` tells its callers apart from those
+    of a later attempt at the same step (after this one failed)."""
+
+    n_parts: int
+    parts: dict[int, Any]
+    generation: int
+
+
+def _copy(e: Exception) -> Exception:
+    """A RequestError to raise in one more thread (its traceback is its own)."""
+    return RequestError(e.code, str(e)) if isinstance(e, RequestError) else e
+
+
+def _ttl_from_env() -> float:
+    raw = os.environ.get(TTL_ENV, "")
+    try:
+        ttl = float(raw) if raw else _DEFAULT_TTL
+    except ValueError:
+        raise ValueError(f"{TTL_ENV} must be a number of seconds, got {raw!r}") from None
+    if not ttl > 0:
+        raise ValueError(f"{TTL_ENV} must be > 0 seconds, got {raw!r}")
+    return ttl
 
 
 RENDEZVOUS = Rendezvous()  # one per shard process

@@ -38,6 +38,7 @@ from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
     "PSJob",
+    "best_effort",
     "WorkerContext",
     "run_worker_loop",
     "partitions_for",
@@ -207,6 +208,16 @@ def _serve(handler, ctx: WorkerContext, round_: int, cmd: dict) -> None:
 _FAULTS: dict[str, dict] = {}
 
 
+def best_effort(what: str, fn: Callable[[], object]) -> None:
+    """Run the clean-up step `fn` (e.g. dropping a fit's PS state in a ``finally:``); if it
+    fails, log it instead of raising: it must not hide the fit's own error (the PS may be
+    gone), and after a successful fit the model is fine without it."""
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - logged: the caller's outcome is what matters
+        log.warning("spark-ps: %s failed (ignored)", what, exc_info=True)
+
+
 def inject_failure_once(
     op: str, nth: int, part: int, marker: str, kill_executor: bool = False
 ) -> None:
@@ -279,7 +290,10 @@ class PSJob:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.stop(raise_errors=exc is None)
+        if exc is None:
+            self.stop()
+        else:  # the fit's error is the one to see, not a failure to stop (PS gone)
+            best_effort(f"{self.name}: stopping the worker job", lambda: self.stop(False))
 
     def command(self, op: str, **payload) -> int:
         """Post a command for every worker; returns its round."""

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from ps_server.keys import mix64
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
-from spark_ps.ml._job import PSJob, WorkerContext, _latest
+from spark_ps.ml._job import PSJob, WorkerContext, _latest, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData, _quote
@@ -268,8 +268,8 @@ def _thresholds(job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p) -
         keys, fv = values.pull()
         wc = counts.pull(keys)
     finally:
-        counts.drop()
-        values.drop()
+        best_effort(f"dropping {counts.name}", counts.drop)
+        best_effort(f"dropping {values.name}", values.drop)
     feat = fv[:, 0].astype(np.int64)
     sketch: QuantileSketch = _reduce(feat, fv[:, 1], wc[:, 0], wc[:, 1], n_features, wexp)
     return split_thresholds(sketch, max_bins)
@@ -417,7 +417,10 @@ def train_gbt(
             trees, weights, hist = _read_trees(job, cmd, p, validation is not None, recovery)
         finally:
             ps.fit_ended(recovery)
-            ps.client.call("rendezvous.drop", [], {"topic": job.topic})
+            best_effort(
+                f"{job.name}: dropping the rendezvous steps of {job.topic}",
+                lambda: ps.client.call("rendezvous.drop", [], {"topic": job.topic}),
+            )
     hist["setup_seconds"] = t_setup
     hist["fit_seconds"] = time.perf_counter() - t0
     log.info(
