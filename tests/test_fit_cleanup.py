@@ -76,3 +76,19 @@ def test_a_failed_drop_after_a_good_fit_is_only_logged(data, drop_fails, caplog)
     assert model.getNumTrees == 2 and len(drop_fails) == 1
     assert model.transform(data).filter("prediction = label").count() > 150
     assert "dropping the rendezvous steps" in caplog.text and "connection refused" in caplog.text
+
+
+def test_lr_fit_survives_a_failed_release_of_its_solver_vectors(
+    spark_ps, data, monkeypatch, caplog
+):
+    from spark_ps.ml.classification import LogisticRegression
+    from spark_ps.ml.lr.ps_space import PSVecSpace
+
+    def release_all(self):
+        raise PSError("connection refused", code=grpc.StatusCode.UNAVAILABLE, rpc="Drop")
+
+    monkeypatch.setattr(PSVecSpace, "release_all", release_all)
+    caplog.set_level(logging.WARNING, logger="spark_ps.job")
+    model = LogisticRegression(maxIter=5).fit(data)
+    assert model.summary.totalIterations > 0
+    assert "releasing the solver's PS vectors failed (ignored)" in caplog.text

@@ -26,7 +26,7 @@ import numpy as np
 from spark_ps.client import PSError
 from spark_ps.context import PSContext
 from spark_ps.data import read_partition
-from spark_ps.ml._job import PSJob, WorkerContext
+from spark_ps.ml._job import PSJob, WorkerContext, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
@@ -227,9 +227,9 @@ class _Fit:
                 [sums.spec, extremes.spec, mean.spec, std.spec],
                 {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows},
             )
-        finally:
-            sums.drop()
-            extremes.drop()
+        finally:  # clean-up must not hide the round's own error (see best_effort)
+            best_effort("dropping the statistics sums", sums.drop)
+            best_effort("dropping the statistics extremes", extremes.drop)
         return mean, std, np.array([w0, w1])
 
     def coef_mask(self):
@@ -395,10 +395,10 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic)
         try:
             return _solve(job, space, ks, prepared.label_col, params, phases, recovery)
-        finally:
-            space.release_all()
+        finally:  # clean-up must not hide the fit's own error (see best_effort)
+            best_effort("releasing the solver's PS vectors", space.release_all)
             if ks.keyset is not None:
-                ks.keyset.drop()
+                best_effort("dropping the key set", ks.keyset.drop)
 
 
 def _solve(

@@ -32,7 +32,7 @@ import numpy as np
 
 from spark_ps.context import PSContext
 from spark_ps.data import iter_minibatches
-from spark_ps.ml._job import PSJob, WorkerContext
+from spark_ps.ml._job import PSJob, WorkerContext, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr import distributed as full_batch
@@ -206,9 +206,9 @@ def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
             result = full_batch._result(ks, keys, coef, intercept, history, len(history))
             result.iteration_timestamps = stamps
             return result
-        finally:
-            model.drop()
-            ks.keyset.drop()
+        finally:  # clean-up must not hide the fit's own error (see best_effort)
+            best_effort("dropping the model", model.drop)
+            best_effort("dropping the key set", ks.keyset.drop)
 
 
 for _solver in ("sgd", "adam", "ftrl"):
