@@ -1,6 +1,7 @@
 """GBDT split finding, run inside a PS shard on the histograms of the features it owns.
 
-Imports only numpy: this module is loaded by shard processes.
+Imports only numpy (and numba lazily, through :mod:`ps_server.functions.gbt_jit`): this
+module is loaded by shard processes.
 
 Histogram layout (produced by ``spark_ps.ml.tree.histogram``): int64
 ``[n_nodes, n_features_local, n_bins, 4]``; the last axis is ``[raw count, sum w, sum w*u,
@@ -22,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
+from ps_server.functions import gbt_jit
 
 __all__ = ["SPLIT_DTYPE", "best_splits", "derive_children", "merge_best"]
 
@@ -121,6 +124,27 @@ def best_splits(
     if n_feat == 0 or n_bins == 0:
         return out
     out["total"] = hist[:, 0].sum(axis=1)
+    search = gbt_jit.kernel()
+    if search is not None:  # the same gains and choices, without the temporaries
+        mask = np.ones((n_nodes, n_feat), bool) if feature_mask is None else feature_mask
+        gain, feat = np.empty(n_nodes), np.empty(n_nodes, np.int64)
+        bins, sides = np.empty(n_nodes, np.int64), np.zeros((2, n_nodes, 4), np.int64)
+        search(
+            np.ascontiguousarray(hist),
+            max(int(min_instances_per_node), 1),
+            min_weight_q,
+            float(min_info_gain),
+            2 * int(target_exp),
+            np.ascontiguousarray(mask),
+            gain,
+            feat,
+            bins,
+            sides[0],
+            sides[1],
+        )
+        out["gain"], out["bin"], out["left"], out["right"] = gain, bins, sides[0], sides[1]
+        out["feature"] = np.where(feat >= 0, feat + int(feature_offset), -1)
+        return out
     step = max(1, _CHUNK_CELLS // (n_feat * n_bins))
     for lo in range(0, n_nodes, step):  # loop over node chunks, bounded memory
         sl = slice(lo, min(lo + step, n_nodes))
