@@ -217,10 +217,11 @@ def _full_histograms(small: np.ndarray, call: _Call, prev: np.ndarray | None) ->
     if call.plan is None:  # the root: every sampled row was scanned
         return small
     parent_slots, small_is_left, pick, pick_left = call.plan
-    big = prev[parent_slots] - small
-    left_small = small_is_left[:, None, None, None]
-    left, right = np.where(left_small, small, big), np.where(left_small, big, small)
-    return np.where(pick_left[:, None, None, None], left[pick], right[pick])
+    full = small[pick]  # a copy: open node i is a child of split pick[i]
+    big = pick_left != small_is_left[pick]  # ... and the larger one: parent minus sibling
+    if big.any():
+        full[big] = prev[parent_slots[pick[big]]] - full[big]
+    return full
 
 
 def _same_call(parts: dict[int, tuple[np.ndarray, bytes]], where: str) -> None:
