@@ -14,9 +14,11 @@ threads, like local[2]. Everything else is each library's default.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from bench.common import (
     bench_session,
     fmt_ratio,
     import_sparkps,
+    jvm_heap_used,
     load_note,
     markdown_table,
     model_auc,
@@ -155,6 +158,7 @@ def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namesp
     """One implementation on one config; a failure or a missing spark-ps becomes a row."""
     row: dict[str, Any] = {"impl": impl, "trees x depth": f"{trees}x{depth}", "status": "ok"}
     row["train rows"] = len(data["y_train"])
+    settle(data)
     try:
         if impl == "mllib":
             fit_s, score = fit_mllib(data, trees, depth, args)
@@ -172,6 +176,14 @@ def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namesp
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
         row["status"] = f"failed: {type(exc).__name__}: {first}"
     return row
+
+
+def settle(data: dict[str, Any]) -> None:
+    """Start every fit from a collected heap, as bench.lr does: MLlib's 100-tree fit leaves
+    garbage whose collection otherwise runs, on the same 2 cores, during the next fit."""
+    gc.collect()
+    jvm_heap_used(data["train_df"].sparkSession, gc=True)
+    time.sleep(1.0)  # let the JVM's concurrent GC threads finish
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
