@@ -104,7 +104,7 @@ class Service:
         self.restarts = 0
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()  # channels, restarts, spawned; never held over an RPC
-        self._spawned: list[subprocess.Popen] = []  # every process started: stop() ends them
+        self._spawned: list[subprocess.Popen] = []  # every live process started: stop() ends them
 
     @property
     def _primary_role(self) -> str:
@@ -138,7 +138,8 @@ class Service:
             if self.stop_event.is_set():
                 return None
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-            self._spawned.append(proc)
+            # the live ones: a long-running service restarts shards without bound
+            self._spawned = [p for p in self._spawned if p.poll() is None] + [proc]
         return proc
 
     def start(self, timeout: float = 60.0) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
 import numpy as np
@@ -127,11 +128,17 @@ def test_layer_splits_spread_over_shards_by_histogram_size():
     assert layer_shards(0, 32, 2) == 1
 
 
-def test_same_trees_whether_one_shard_or_every_shard_finds_the_splits(spark_ps, data, monkeypatch):
+def test_same_trees_whether_one_shard_or_every_shard_finds_the_splits(
+    spark_ps, data, monkeypatch, caplog
+):
+    caplog.set_level(logging.INFO, logger="spark_ps.ml.gbt")
     params = dict(maxIter=3, maxDepth=4, seed=3)
     one = GBTClassifier(**params).fit(data)  # 6 features: one shard finds every split
+    assert "shards 1.000" in caplog.text  # the fit's logged worker profile
+    caplog.clear()
     monkeypatch.setattr(boost_worker, "CELLS_PER_SHARD", 1)  # each shard its feature range
     spread = GBTClassifier(**params).fit(data)
+    assert "shards 2.000" in caplog.text
     assert _structure(spread) == _structure(one)
 
 
@@ -150,3 +157,12 @@ def test_clean_rows_cost_no_check_job_and_bad_rows_get_mllibs_words(spark_ps, da
     with pytest.raises(ValueError, match=r"Labels MUST be in \{0, 1\}, but got 2\.0"):
         GBTClassifier(maxIter=1, maxDepth=2).fit(bad)
     assert len(calls) == 1  # refused by a worker, worded by the estimator's check
+
+
+def test_without_a_check_job_the_workers_refusal_is_the_error(spark_ps, data):
+    from spark_ps.ml.gbt.distributed import train_gbt
+
+    bad = data.union(data.limit(1).withColumn("label", F.lit(2.0)))
+    est = GBTClassifier(maxIter=1, maxDepth=2)
+    with pytest.raises(ValueError, match=r"partition \d: GBT classification needs labels 0 or 1"):
+        train_gbt(est._prepare(bad), est._params_dict())

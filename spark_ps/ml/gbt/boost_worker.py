@@ -155,6 +155,7 @@ def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, p
     )
     bounds = range_bounds(hist.shape[1], n_shards)
     shards = [i for i in range(bounds.size - 1) if bounds[i + 1] > bounds[i]]
+    ctx.state["_prof"]["shards"] = len(shards)  # the profile says how many shards answered
     args = {"topic": f"{cmd['topic']}/layer", "step": step, "n_parts": cmd["n_parts"]}
     args.update(wait=_WAIT, n_slots=hist.shape[0], n_bins=hist.shape[2], split_kw=kw)
     if plan is not None:

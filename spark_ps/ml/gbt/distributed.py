@@ -134,16 +134,17 @@ def _per_part(ctx: WorkerContext, round_: int, n_workers: int, values: list[floa
     ctx.contribute(round_, out.ravel())
 
 
-def _refusal(s: dict, classification: bool) -> str:
-    """Why this partition's rows cannot train ('' if they can): what reading refused, or a
-    classification label outside {0, 1} (training or validation rows)."""
+def _refusal(ctx: WorkerContext, classification: bool) -> str:
+    """Why this partition's rows cannot train ('' if they can): what reading refused, or
+    (``remap_labels``'s check) a classification label outside {0, 1}."""
+    s = ctx.state
     if s.get("refused"):
         return s["refused"]
-    if classification:
-        for name in ("y", "yv"):
-            bad = (s[name] != 0.0) & (s[name] != 1.0)
-            if bad.any():
-                return f"Labels MUST be in {{0, 1}}, but got {float(s[name][bad.argmax()])}"
+    try:
+        for labels in (s["y"], s["yv"]) if classification else ():
+            remap_labels(labels)
+    except ValueError as e:
+        return f"partition {ctx.part}: {e}"
     return ""
 
 
@@ -152,7 +153,7 @@ def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     reason is posted on ``<topic>/refused/<part>`` for the driver)."""
     s = ctx.state
     max_w = float(s["w"].max()) if s["w"].size else 0.0
-    refused = _refusal(s, cmd["classification"])
+    refused = _refusal(ctx, cmd["classification"])
     if refused:
         ctx.client.post(f"{ctx.topic}/refused/{ctx.part}", 1, {"error": refused})
     values = [s["y"].size, s["yv"].size, max_w, s["num_features"], float(bool(refused))]

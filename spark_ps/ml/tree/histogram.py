@@ -34,7 +34,6 @@ import numpy as np
 from ps_server.functions.gbt import derive_children  # numpy-only; shards subtract too
 from spark_ps.ml.tree.kernels import (
     HAVE_JIT,
-    histogram_pass,
     node_histogram_pass,
     quantize_pass,
 )
@@ -171,9 +170,13 @@ def build_histograms(
         )
     if n and slot_of_row.max() >= n_slots:
         raise ValueError(f"slot_of_row has a slot >= n_slots={n_slots}")
-    if HAVE_JIT:
-        slot = np.asarray(slot_of_row, dtype=np.int32)
-        return histogram_pass(bins, slot, np.asarray(row_stats, np.int64), n_slots, n_bins)
+    if HAVE_JIT:  # the layer kernel: row r's node is its slot, and node n_slots has none
+        node = np.where(slot_of_row < 0, n_slots, slot_of_row).astype(np.int32)
+        slot_of_node = np.append(np.arange(n_slots, dtype=np.int32), np.int32(-1))
+        stats = np.asarray(row_stats, np.int64)
+        return node_histogram_pass(
+            bins, node, slot_of_node, np.ones(n, bool), stats, n_slots, n_bins
+        )
     return _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight)
 
 

@@ -21,7 +21,6 @@ import numpy as np
 
 __all__ = [
     "HAVE_JIT",
-    "histogram_pass",
     "node_histogram_pass",
     "quantize_pass",
     "route_pass",
@@ -41,44 +40,25 @@ except ImportError:  # numpy fallbacks in histogram.py / local.py are used inste
         return (lambda f: f) if not args or not callable(args[0]) else args[0]
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _add_row(bins, r, s, stats, n_bins, out):
-    """Add row `r`'s statistics to slot `s` of every feature; a bad bin's feature, else -1."""
-    q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
-    for j in range(bins.shape[1]):
-        b = bins[r, j]
-        if b >= n_bins:
-            return j
-        out[s, j, b, 0] += 1
-        out[s, j, b, 1] += q0
-        out[s, j, b, 2] += q1
-        out[s, j, b, 3] += q2
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def _hist_rows(bins, slot_of_row, stats, n_bins, out):
-    for r in range(bins.shape[0]):  # one pass over rows: each row's bins and stats are read once
-        s = slot_of_row[r]
-        if s < 0:
-            continue
-        bad = _add_row(bins, r, s, stats, n_bins, out)
-        if bad >= 0:
-            return bad  # the caller names the feature; out is discarded
-    return -1
-
-
 @njit(cache=True, nogil=True)
 def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, out):
-    for r in range(bins.shape[0]):  # as _hist_rows, the row's slot looked up on the way
+    """Add each kept row's statistics to its slot in every feature; a bad bin's feature
+    (the caller names it and discards `out`), else -1."""
+    for r in range(bins.shape[0]):  # one pass over rows: each row's bins and stats read once
         if not in_sample[r]:
             continue
         s = slot_of_node[node_of_row[r]]
         if s < 0:
             continue
-        bad = _add_row(bins, r, s, stats, n_bins, out)
-        if bad >= 0:
-            return bad  # the caller names the feature; out is discarded
+        q0, q1, q2 = stats[0, r], stats[1, r], stats[2, r]
+        for j in range(bins.shape[1]):
+            b = bins[r, j]
+            if b >= n_bins:
+                return j
+            out[s, j, b, 0] += 1
+            out[s, j, b, 1] += q0
+            out[s, j, b, 2] += q1
+            out[s, j, b, 3] += q2
     return -1
 
 
@@ -91,20 +71,6 @@ def _route_rows(bins, node_of_row, feature, split_bin, left, right, split_now):
                 node_of_row[r] = left[nd]
             else:
                 node_of_row[r] = right[nd]
-
-
-def histogram_pass(
-    bins: np.ndarray, slot_of_row: np.ndarray, row_stats: np.ndarray, n_slots: int, n_bins: int
-) -> np.ndarray:
-    """Histograms int64 ``[n_slots, f, n_bins, 4]`` of the rows with a slot (``>= 0``).
-
-    ``bins`` should be C-ordered (a row's bins are read together); callers have checked the
-    shapes and that slots are ``< n_slots``. A bin ``>= n_bins`` raises, naming its feature.
-    """
-    out = np.zeros((n_slots, bins.shape[1], n_bins, 4), dtype=np.int64)
-    bad = _hist_rows(bins, slot_of_row, row_stats, n_bins, out)
-    _check_bins(bins, bad, n_bins)
-    return out
 
 
 def _check_bins(bins: np.ndarray, bad: int, n_bins: int) -> None:
@@ -123,8 +89,13 @@ def node_histogram_pass(
     n_slots: int,
     n_bins: int,
 ) -> np.ndarray:
-    """:func:`histogram_pass` with each row's slot ``slot_of_node[node_of_row]`` (-1 where
-    not ``in_sample``) looked up in the loop: saves two numpy passes over the rows a layer."""
+    """Histograms int64 ``[n_slots, f, n_bins, 4]`` of the rows ``in_sample`` whose node has
+    a slot (``slot_of_node[node_of_row] >= 0``), the slot looked up in the loop.
+
+    ``bins`` should be C-ordered (a row's bins are read together); callers have checked the
+    shapes and that nodes and slots are in range. A bin ``>= n_bins`` raises, naming its
+    feature.
+    """
     out = np.zeros((n_slots, bins.shape[1], n_bins, 4), dtype=np.int64)
     bad = _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, row_stats, n_bins, out)
     _check_bins(bins, bad, n_bins)
@@ -187,7 +158,6 @@ def _warm() -> None:
     bins = np.zeros((2, 1), dtype=np.uint8)
     i32 = np.zeros(2, dtype=np.int32)
     node_histogram_pass(bins, i32, i32[:1], np.ones(2, bool), np.zeros((3, 2), np.int64), 1, 1)
-    histogram_pass(bins, i32, np.zeros((3, 2), np.int64), 1, 1)
     route_pass(bins, i32, i32, i32, i32, i32, np.zeros(2, bool))
     quantize_pass(np.zeros(2), np.ones(2), 0.0, 0, 0)
 
