@@ -1,6 +1,7 @@
 """Histogram GBDT on the PS (Angel style): one barrier job, splits found on the shards.
 
-The driver runs a few set-up rounds, then starts the workers' boosting loop and only reads:
+The driver (this module; the workers' side is ``rounds`` and ``boost_worker``) runs a few
+set-up rounds, then starts the workers' boosting loop and only reads:
 
   ``meta``     row counts, max weight, number of features;
   ``sketch``   per-feature exact value summaries of a partition-independent row sample,
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -28,206 +28,25 @@ import numpy as np
 from pyspark.ml.functions import vector_to_array
 from pyspark.sql import functions as F
 
-from ps_server.keys import mix64
 from spark_ps.context import PSContext
-from spark_ps.data import read_partition
-from spark_ps.ml._job import PSJob, WorkerContext, _latest, best_effort
+from spark_ps.ml._job import PSJob, _latest, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData, _quote
 from spark_ps.ml.gbt import boost_worker
-from spark_ps.ml.gbt.boost_worker import boost, early_stop, tree_topic
+from spark_ps.ml.gbt.boost_worker import early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
-from spark_ps.ml.tree.binning import (
-    QuantileSketch,
-    _reduce,
-    bin_matrix,
-    sketch_fraction,
-    split_thresholds,
-    summarize,
-)
+from spark_ps.ml.gbt.rounds import HANDLERS, VAL, setup_rows
+from spark_ps.ml.tree.binning import QuantileSketch, _reduce, sketch_fraction, split_thresholds
 from spark_ps.ml.tree.histogram import weight_exponent
-from spark_ps.ml.tree.kernels import warm_up
 from spark_ps.ml.tree.local import resolve_params
-from spark_ps.ml.tree.loss import get_loss, remap_labels
+from spark_ps.ml.tree.loss import get_loss
 from spark_ps.ml.tree.tree import TreeArrays
 from spark_ps.models import PSMatrix
 
 __all__ = ["train_gbt"]
 
 log = logging.getLogger("spark_ps.ml.gbt")
-
-_VAL = "__spark_ps_validation"
-_KEY_MASK = np.uint64((1 << 63) - 1)
-
-
-# ----------------------------------------------------------------------------- workers
-
-
-def _row_ids(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """A partition-independent id per row: a hash of its content."""
-    h = mix64(np.ascontiguousarray(y).view(np.int64))
-    for col in (*X.T, w):
-        h = mix64((h ^ np.ascontiguousarray(col).view(np.uint64)).view(np.int64))
-    return h.view(np.int64)
-
-
-def _setup(prepared: PreparedData):
-    features, label, weight = prepared.features_col, prepared.label_col, prepared.weight_col
-    submitted = time.time()
-    # _dense_rows hands vectors over as array<double>: read them straight into a matrix
-    dense = {"dense_matrix": True} if prepared.features_kind in ("vector", "dense") else {}
-
-    def setup(batches, ctx: WorkerContext) -> None:
-        prof = ctx.state["_prof"] = defaultdict(float)
-        prof["launch"] = time.time() - submitted  # job submitted -> this task reads its rows
-        warm_up()  # loads the compiled tree kernels while the JVM sends the rows
-        t0 = time.perf_counter()
-        batches = list(batches)
-        t1 = time.perf_counter()
-        try:
-            csr = read_partition(batches, features, label_col=label, weight_col=weight, **dense)
-        except (ValueError, TypeError) as e:  # reported at `meta`: the driver names the rows
-            ctx.state.update(refused=f"partition {ctx.part}: {e}", rows=0, num_features=0)
-            ctx.state.update({k: np.zeros(0) for k in ("y", "w", "yv", "wv")})
-            return
-        t2 = time.perf_counter()
-        flags = (
-            np.concatenate(
-                [
-                    b.column(b.schema.get_field_index(_VAL)).to_numpy(zero_copy_only=False)
-                    for b in batches
-                ]
-            )
-            if batches
-            else np.zeros(0, bool)
-        )
-        if dense:  # array<double> rows: one reshape, no index arrays
-            X = csr.matrix
-        else:
-            X = csr.to_dense() if csr.n_rows else np.zeros((0, csr.num_features))
-        w = csr.weights if csr.weights is not None else np.ones(csr.n_rows)
-        y = csr.labels if csr.labels is not None else np.zeros(0)
-        val = flags.astype(bool)
-        tr = slice(None) if not val.any() else ~val  # no copies without validation rows
-        ctx.state.update(
-            rows=csr.n_rows,
-            X=X[tr],
-            y=y[tr],
-            w=w[tr],
-            Xv=X[val],
-            yv=y[val],
-            wv=w[val],
-            num_features=csr.num_features,
-        )
-        ctx.state["ids"] = _row_ids(ctx.state["X"], ctx.state["y"], ctx.state["w"])
-        prof["arrow"], prof["csr"] = t1 - t0, t2 - t1
-        prof["dense"] = time.perf_counter() - t2
-
-    return setup
-
-
-def _per_part(ctx: WorkerContext, round_: int, n_workers: int, values: list[float]) -> None:
-    """Contribute `values` in this partition's own block (so the driver can take max/min)."""
-    out = np.zeros((n_workers, len(values)))
-    out[ctx.part] = values
-    ctx.contribute(round_, out.ravel())
-
-
-def _refusal(ctx: WorkerContext, classification: bool) -> str:
-    """Why this partition's rows cannot train ('' if they can): what reading refused, or
-    (``remap_labels``'s check) a classification label outside {0, 1}."""
-    s = ctx.state
-    if s.get("refused"):
-        return s["refused"]
-    try:
-        for labels in (s["y"], s["yv"]) if classification else ():
-            remap_labels(labels)
-    except ValueError as e:
-        return f"partition {ctx.part}: {e}"
-    return ""
-
-
-def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Row counts, max weight, features, and whether the rows were refused (then the
-    reason is posted on ``<topic>/refused/<part>`` for the driver)."""
-    s = ctx.state
-    max_w = float(s["w"].max()) if s["w"].size else 0.0
-    refused = _refusal(ctx, cmd["classification"])
-    if refused:
-        ctx.client.post(f"{ctx.topic}/refused/{ctx.part}", 1, {"error": refused})
-    values = [s["y"].size, s["yv"].size, max_w, s["num_features"], float(bool(refused))]
-    _per_part(ctx, round_, cmd["n_workers"], values)
-
-
-def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Push this partition's exact value summary; equal (feature, value) keys add up."""
-    s = ctx.state
-    sk = summarize(
-        s["X"],
-        s["w"],
-        weight_exp=cmd["weight_exp"],
-        row_ids=s["ids"],
-        fraction=cmd["fraction"],
-        seed=cmd["seed"],
-    )
-    feat = np.repeat(np.arange(sk.num_features), np.diff(sk.indptr))
-    keys = _sketch_keys(feat, sk.values)
-    if keys.size:
-        ctx.tensor(cmd["counts"]).increment(keys, np.stack([sk.weights, sk.counts], axis=1))
-        ctx.tensor(cmd["values"]).update(
-            keys, np.stack([feat.astype(np.float64), sk.values], axis=1)
-        )
-    ctx.contribute(round_, [keys.size])
-
-
-def _sketch_keys(feat: np.ndarray, values: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
-    h = mix64(mix64(feat.astype(np.int64)).view(np.int64) ^ bits)
-    return (h & _KEY_MASK).astype(np.int64)
-
-
-def _apply_bins(s: dict, thresholds: list, loss_type: str) -> None:
-    thresholds = [np.asarray(t, dtype=np.float64) for t in thresholds]
-    # C order: the compiled histogram and routing passes read a row's bins together
-    s["bins"] = np.ascontiguousarray(bin_matrix(s["X"], thresholds))
-    s["vbins"] = np.ascontiguousarray(bin_matrix(s["Xv"], thresholds)) if s["Xv"].size else None
-    s["pred"], s["vpred"] = np.zeros(s["y"].size), np.zeros(s["yv"].size)
-    loss = get_loss(loss_type)
-    s["loss"] = loss
-    s["labels"] = remap_labels(s["y"]) if loss.is_classification else s["y"]
-    s["vlabels"] = remap_labels(s["yv"]) if loss.is_classification else s["yv"]
-    s["n_trees"], s["val_losses"] = 0, []
-
-
-def _bin(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    s = ctx.state
-    _apply_bins(s, cmd["thresholds"], cmd["loss"])
-    q = int(np.rint(np.ldexp(s["w"], cmd["weight_exp"])).astype(np.int64).sum())
-    ctx.contribute(round_, [q >> 31, q & ((1 << 31) - 1)])  # exact in float64 halves
-
-
-def _recover(ctx: WorkerContext, state: dict) -> None:
-    """A retried task rebuilds what earlier rounds left in memory from the posted state:
-    bins and the predictions of the trees the driver has read (the boost loop replays the
-    rest, the shards answering from their cache)."""
-    s = ctx.state
-    if "thresholds" not in state:
-        return
-    _apply_bins(s, state["thresholds"], state["loss"])
-    trees = state.get("trees")
-    if trees is None:  # posted by reference (see _posted): read each from its board topic
-        board = [
-            _latest(ctx.client, tree_topic(state["tree_topic"], i)) for i in range(state["n_trees"])
-        ]
-        trees = [msg["tree"] for msg in board]
-    for tree, tw in zip(trees, state["weights"], strict=True):
-        t = TreeArrays.from_dict(tree)
-        s["pred"] = s["pred"] + t.predict(s["X"]) * tw
-        if s["yv"].size:
-            s["vpred"] = s["vpred"] + t.predict(s["Xv"]) * tw
-    s["n_trees"] = len(trees)
-    s["val_losses"] = list(state["validation_loss"])
 
 
 def _posted(state: dict, topic: str) -> dict:
@@ -237,18 +56,6 @@ def _posted(state: dict, topic: str) -> dict:
     out = {k: v for k, v in state.items() if k != "trees"}
     out.update(tree_topic=topic, n_trees=len(state["trees"]))
     return out
-
-
-_HANDLERS = {
-    "recover": _recover,
-    "meta": _meta,
-    "sketch": _sketch,
-    "bin": _bin,
-    "boost": boost,
-}
-
-
-# ----------------------------------------------------------------------------- driver
 
 
 def _thresholds(job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p) -> list:
@@ -386,9 +193,9 @@ def train_gbt(
     on nycflights under load)."""
     p = resolve_params(_fit_params(params))
     loss = get_loss(p.lossType)
-    df = _dense_rows(data).withColumn(_VAL, F.lit(False))
+    df = _dense_rows(data).withColumn(VAL, F.lit(False))
     if validation is not None:
-        df = df.unionByName(_dense_rows(validation).withColumn(_VAL, F.lit(True)))
+        df = df.unionByName(_dense_rows(validation).withColumn(VAL, F.lit(True)))
     if validation is not None:  # (prepare_data already gave the training rows num_workers)
         df = df.repartition(data.num_workers)
     ps = PSContext.getOrCreate(df.sparkSession)
@@ -397,8 +204,8 @@ def train_gbt(
         ps,
         df,
         data.num_workers,
-        _setup(data),
-        _HANDLERS,
+        setup_rows(data),
+        HANDLERS,
         name=f"{type(loss).__name__[1:]} GBT(maxIter={p.maxIter})",
     ) as job:
         interval = params.get("checkpointInterval", -1)

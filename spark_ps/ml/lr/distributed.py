@@ -25,22 +25,20 @@ import numpy as np
 
 from spark_ps.client import PSError
 from spark_ps.context import PSContext
-from spark_ps.data import read_partition
-from spark_ps.ml._job import PSJob, WorkerContext, best_effort
+from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr.estimator import TrainResult, check_label_counts, register_trainer
 from spark_ps.ml.lr.objective import (
     build_lr_vectors,
-    feature_stats,
     finish_objective,
     initial_point,
-    loss_and_grad,
     original_space,
 )
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
+from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 from spark_ps.models import PSMatrix, PSVector
 
 __all__ = ["train_lbfgs"]
@@ -56,137 +54,6 @@ _DENSE_KEYSET_PER_KEY = 64
 # Where the evaluations' time goes (driver wall seconds; worker means), kept with the phases.
 _EVAL_PARTS = ("eval offset", "eval round", "eval reduce", "eval finish")
 _WORKER_PARTS = ("worker pull", "worker compute", "worker push+contribute")
-
-
-# ----------------------------------------------------------------------------- workers
-
-
-def _setup(prepared: PreparedData, dense_matrix: bool = False):
-    """The worker's read: its partition as a CSRBatch (or, for dense arrays when
-    ``dense_matrix``, a DenseBatch), localized to the keys it touches."""
-    features, label, weight, values = (
-        prepared.features_col,
-        prepared.label_col,
-        prepared.weight_col,
-        prepared.values_col,
-    )
-    dense = dense_matrix and prepared.features_kind == "dense"
-
-    def setup(batches, ctx: WorkerContext) -> None:
-        t0 = time.perf_counter()
-        csr = read_partition(
-            batches,
-            features,
-            label_col=label,
-            weight_col=weight,
-            values_col=values,
-            dense_matrix=dense,  # dense arrays: a matrix, no index arrays (BLAS products)
-        )
-        t1 = time.perf_counter()
-        keys, local = csr.localize()
-        ctx.state.update(rows=csr.n_rows, num_features=csr.num_features, keys=keys, local=local)
-        ctx.state["setup_s"] = [t1 - t0, time.perf_counter() - t1]
-
-    return setup
-
-
-def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """This partition's feature dimension and largest key (as exact 31-bit halves), and
-    how long reading and localizing took."""
-    s = ctx.state
-    top = int(s["keys"][-1]) if s["keys"].size else -1
-    out = np.zeros((cmd["num_workers"], 6))
-    out[ctx.part] = [
-        s["num_features"],
-        top >> 31,
-        top & ((1 << 31) - 1),
-        *s["setup_s"],
-        s["keys"].size,
-    ]
-    ctx.contribute(round_, out.ravel())
-
-
-def _keys(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Register the keys this partition touches (their compact ids come later)."""
-    keys = ctx.state["keys"]
-    if keys.size:
-        ctx.tensor(cmd["keyset"]).update(keys, np.ones(keys.size))
-    ctx.contribute(round_, [keys.size])
-
-
-def _compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object]:
-    """(sorted compact ids of this partition's keys, the batch re-indexed to match).
-
-    Without a keyset the ids are the keys themselves (small vector input)."""
-    s = ctx.state
-    if keyset is None:
-        s["ids"] = s["keys"]
-        return s["keys"], s["local"]
-    if s.get("keyset") != keyset:
-        ids = ctx.tensor(keyset).pull(s["keys"]).astype(np.int64)
-        s["ids"], s["keyset"] = ids, keyset  # compact id of each local key (local order)
-        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # ids in key order already
-            s["cids"], s["clocal"] = ids, s["local"]
-            return ids, s["local"]
-        order = np.argsort(ids, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size)
-        local = s["local"]
-        s["ids"] = ids  # compact id of each local key (local order = key order)
-        s["cids"] = ids[order]
-        s["clocal"] = type(local)(
-            local.indptr, rank[local.indices], local.values, order.size, local.labels, local.weights
-        )
-        s["keyset"] = keyset
-    return s["cids"], s["clocal"]
-
-
-def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition, as one
-    row per key of two PS matrices (two pushes, whatever the number of statistics)."""
-    _compact(ctx, cmd["keyset"])
-    # the key-ordered batch keeps each row's keys sorted: no per-row sort needed
-    p = feature_stats([ctx.state["local"]])
-    gk = ctx.state["ids"][p.keys]
-    sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
-    ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part)
-    extremes = np.column_stack([p.vmax, -p.vmin])
-    ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part)
-    y = ctx.state["local"].labels
-    n_neg = int(np.count_nonzero((y < 0) | (y != np.floor(y))))  # MLlib's label checks, folded
-    n_multi = int(np.count_nonzero(y > 1)) - int(np.count_nonzero((y > 1) & (y != np.floor(y))))
-    ctx.contribute(
-        round_,
-        [p.n_rows, p.weight_sum, p.weight_sq_sum, *p.label_weight, p.n_bad_labels, n_neg, n_multi],
-    )
-
-
-def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Loss and gradient of this partition at x; the gradient goes to g exactly once."""
-    keys, local = _compact(ctx, cmd["keyset"])
-    fit_intercept, dim = cmd["fit_intercept"], cmd["dim"]
-    if ctx.state.get("inv_std_name") != cmd["inv_std"]:
-        ctx.state["inv_std"] = ctx.tensor(cmd["inv_std"]).pull(keys)
-        ctx.state["inv_std_name"] = cmd["inv_std"]
-    t0 = time.perf_counter()
-    coef = ctx.tensor(cmd["x"]).pull(keys)
-    t1 = time.perf_counter()
-    loss, grad, grad_b, wsum = loss_and_grad(
-        local, coef, cmd["offset"], ctx.state["inv_std"], fit_intercept
-    )
-    t2 = time.perf_counter()
-    g = ctx.tensor(cmd["g"])
-    if fit_intercept:
-        g.aggregate(np.append(keys, dim - 1), np.append(grad, grad_b), round=round_, part=ctx.part)
-    else:
-        g.aggregate(keys, grad, round=round_, part=ctx.part)
-    ctx.contribute(round_, [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2])
-
-
-_HANDLERS = {"dims": _dims, "keys": _keys, "stats": _stats, "grad": _grad}
-
-
-# ----------------------------------------------------------------------------- driver
 
 
 class _Fit:
@@ -384,8 +251,8 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         ps,
         prepared.df,
         prepared.num_workers,
-        _setup(prepared, dense_matrix=True),
-        _HANDLERS,
+        setup_rows(prepared, dense_matrix=True),
+        HANDLERS,
         name=f"LogisticRegression(maxIter={params['maxIter']})",
     )
     with job:

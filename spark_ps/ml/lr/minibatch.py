@@ -25,108 +25,22 @@ the gradient of the touched weights; FTRL also takes the L1 part in its proximal
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
 
 from spark_ps.context import PSContext
-from spark_ps.data import iter_minibatches
-from spark_ps.ml._job import PSJob, WorkerContext, best_effort
+from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr import distributed as full_batch
 from spark_ps.ml.lr.estimator import TrainResult, register_trainer
-from spark_ps.ml.lr.objective import loss_and_grad
+from spark_ps.ml.lr.rounds import ASP, CLOCK_TIMEOUT, HANDLERS, setup_rows
 from spark_ps.models import PSVector
 
 __all__ = ["train_minibatch"]
 
 log = logging.getLogger("spark_ps.ml.lr")
-
-
-ASP = -1  #: the ``staleness`` value that means asynchronous (no clock waits)
-CLOCK_TIMEOUT = 3600.0  #: seconds a worker waits for the slowest one before failing
-
-
-def _executor_id() -> str:
-    """This executor's id as the JVM bridge's plugin wrote it, or "" without the plugin."""
-    for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(","):
-        path = os.path.join(d, "spark-ps-executor.properties")
-        if d and os.path.exists(path):
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("executor.id="):
-                        return line.split("=", 1)[1].strip()
-    return ""
-
-
-class _Clock:
-    """This worker's SSP clock for one epoch: one tick per mini-batch pushed.
-
-    The group is per (fit, epoch, barrier-stage attempt), so a retried stage starts a
-    fresh table; the worker id carries the executor id when known, so a lost executor's
-    workers are removed by the JVM listener and stop holding the others back.
-    """
-
-    def __init__(self, ctx: WorkerContext, round_: int, cmd: dict):
-        if "ssp_attempt" not in ctx.state:  # fresh in every attempt of the barrier stage
-            from pyspark import BarrierTaskContext
-
-            tc = BarrierTaskContext.get()  # the tasks agree on an id of this stage attempt
-            ctx.state["ssp_attempt"] = min(map(int, tc.allGather(str(tc.taskAttemptId()))))
-        attempt = ctx.state["ssp_attempt"]
-        self.client, self.staleness = ctx.client, int(cmd["staleness"])
-        self.num_workers, self.timeout = int(cmd["num_workers"]), float(cmd["clock_timeout"])
-        self.group = f"{ctx.topic}/ssp/{round_}/{attempt}"
-        executor = _executor_id()
-        self.worker = (f"executor:{executor}/" if executor else "") + f"{ctx.topic}/p{ctx.part}"
-        self.tick(0)  # join: returns once every worker of the epoch is running
-
-    def tick(self, clock: int) -> None:
-        self.client.clock(
-            self.group,
-            self.worker,
-            clock,
-            staleness=self.staleness,
-            num_workers=self.num_workers,
-            timeout=self.timeout,
-        )
-
-    def leave(self) -> None:
-        self.client.remove_worker(self.group, self.worker)
-
-
-def _epoch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """One pass over this partition in mini-batches; each pushes an optimizer step and,
-    unless ASP, ticks this worker's clock (waiting while it is too far ahead)."""
-    cids, clocal = full_batch._compact(ctx, cmd["keyset"])
-    model, last = ctx.tensor(cmd["model"]), cmd["dim"] - 1
-    fit_intercept, l2 = cmd["fit_intercept"], cmd["l2"]
-    loss_sum = weight_sum = 0.0
-    seed = (cmd["seed"] * 1_000_003 + round_ * 7919 + ctx.part) & 0x7FFFFFFF
-    clock = _Clock(ctx, round_, cmd) if cmd["staleness"] != ASP else None
-    batches = iter_minibatches(clocal, cmd["batch_size"], shuffle=True, seed=seed)
-    for c, mb in enumerate(batches, start=1):
-        keys, loc = mb.localize()
-        gk = cids[keys]
-        pull_keys = np.append(gk, last) if fit_intercept else gk
-        w = model.pull(pull_keys)
-        coef, b = (w[:-1], w[-1]) if fit_intercept else (w, 0.0)
-        loss, grad, grad_b, ws = loss_and_grad(loc, coef, b, np.ones(coef.size), fit_intercept)
-        if ws > 0:
-            grad = grad / ws + l2 * coef
-            step = np.append(grad, grad_b / ws) if fit_intercept else grad
-            model.push(pull_keys, step)
-            loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
-        if clock is not None:
-            clock.tick(c)
-    if clock is not None:
-        clock.leave()
-    ctx.contribute(round_, [loss_sum, weight_sum])
-
-
-_HANDLERS = {**full_batch._HANDLERS, "epoch": _epoch}
 
 
 def _optimizer(params: dict) -> tuple[str, dict]:
@@ -162,8 +76,8 @@ def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
         ps,
         prepared.df,
         prepared.num_workers,
-        full_batch._setup(prepared),
-        _HANDLERS,
+        setup_rows(prepared),
+        HANDLERS,
         name=f"LogisticRegression(solver={solver}, maxIter={params['maxIter']})",
     )
     with job:

@@ -1,0 +1,228 @@
+"""The LogisticRegression workers' rounds: what each Spark task does when a driver calls
+``dims``, ``keys``, ``stats``, ``grad`` (full batch, :mod:`spark_ps.ml.lr.distributed`) or
+``epoch`` (mini-batch, :mod:`spark_ps.ml.lr.minibatch`).
+
+Kept apart from the drivers so a worker's import chain holds no ``pyspark.ml``: a fresh
+Python worker paid ~1 s importing it (and pandas) on every cold fit, for code it never runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from spark_ps.data import iter_minibatches, read_partition
+from spark_ps.ml._job import WorkerContext
+from spark_ps.ml.lr.objective import feature_stats, loss_and_grad
+
+if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
+    from spark_ps.ml.base import PreparedData
+
+ASP = -1  #: the ``staleness`` value that means asynchronous (no clock waits)
+CLOCK_TIMEOUT = 3600.0  #: seconds a worker waits for the slowest one before failing
+
+
+def _executor_id() -> str:
+    """This executor's id as the JVM bridge's plugin wrote it, or "" without the plugin."""
+    for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(","):
+        path = os.path.join(d, "spark-ps-executor.properties")
+        if d and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("executor.id="):
+                        return line.split("=", 1)[1].strip()
+    return ""
+
+
+class _Clock:
+    """This worker's SSP clock for one epoch: one tick per mini-batch pushed.
+
+    The group is per (fit, epoch, barrier-stage attempt), so a retried stage starts a
+    fresh table; the worker id carries the executor id when known, so a lost executor's
+    workers are removed by the JVM listener and stop holding the others back.
+    """
+
+    def __init__(self, ctx: WorkerContext, round_: int, cmd: dict):
+        if "ssp_attempt" not in ctx.state:  # fresh in every attempt of the barrier stage
+            from pyspark import BarrierTaskContext
+
+            tc = BarrierTaskContext.get()  # the tasks agree on an id of this stage attempt
+            ctx.state["ssp_attempt"] = min(map(int, tc.allGather(str(tc.taskAttemptId()))))
+        attempt = ctx.state["ssp_attempt"]
+        self.client, self.staleness = ctx.client, int(cmd["staleness"])
+        self.num_workers, self.timeout = int(cmd["num_workers"]), float(cmd["clock_timeout"])
+        self.group = f"{ctx.topic}/ssp/{round_}/{attempt}"
+        executor = _executor_id()
+        self.worker = (f"executor:{executor}/" if executor else "") + f"{ctx.topic}/p{ctx.part}"
+        self.tick(0)  # join: returns once every worker of the epoch is running
+
+    def tick(self, clock: int) -> None:
+        self.client.clock(
+            self.group,
+            self.worker,
+            clock,
+            staleness=self.staleness,
+            num_workers=self.num_workers,
+            timeout=self.timeout,
+        )
+
+    def leave(self) -> None:
+        self.client.remove_worker(self.group, self.worker)
+
+
+def _epoch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """One pass over this partition in mini-batches; each pushes an optimizer step and,
+    unless ASP, ticks this worker's clock (waiting while it is too far ahead)."""
+    cids, clocal = compact(ctx, cmd["keyset"])
+    model, last = ctx.tensor(cmd["model"]), cmd["dim"] - 1
+    fit_intercept, l2 = cmd["fit_intercept"], cmd["l2"]
+    loss_sum = weight_sum = 0.0
+    seed = (cmd["seed"] * 1_000_003 + round_ * 7919 + ctx.part) & 0x7FFFFFFF
+    clock = _Clock(ctx, round_, cmd) if cmd["staleness"] != ASP else None
+    batches = iter_minibatches(clocal, cmd["batch_size"], shuffle=True, seed=seed)
+    for c, mb in enumerate(batches, start=1):
+        keys, loc = mb.localize()
+        gk = cids[keys]
+        pull_keys = np.append(gk, last) if fit_intercept else gk
+        w = model.pull(pull_keys)
+        coef, b = (w[:-1], w[-1]) if fit_intercept else (w, 0.0)
+        loss, grad, grad_b, ws = loss_and_grad(loc, coef, b, np.ones(coef.size), fit_intercept)
+        if ws > 0:
+            grad = grad / ws + l2 * coef
+            step = np.append(grad, grad_b / ws) if fit_intercept else grad
+            model.push(pull_keys, step)
+            loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
+        if clock is not None:
+            clock.tick(c)
+    if clock is not None:
+        clock.leave()
+    ctx.contribute(round_, [loss_sum, weight_sum])
+
+
+def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:
+    """The worker's read: its partition as a CSRBatch (or, for dense arrays when
+    ``dense_matrix``, a DenseBatch), localized to the keys it touches."""
+    features, label, weight, values = (
+        prepared.features_col,
+        prepared.label_col,
+        prepared.weight_col,
+        prepared.values_col,
+    )
+    dense = dense_matrix and prepared.features_kind == "dense"
+
+    def setup(batches, ctx: WorkerContext) -> None:
+        t0 = time.perf_counter()
+        csr = read_partition(
+            batches,
+            features,
+            label_col=label,
+            weight_col=weight,
+            values_col=values,
+            dense_matrix=dense,  # dense arrays: a matrix, no index arrays (BLAS products)
+        )
+        t1 = time.perf_counter()
+        keys, local = csr.localize()
+        ctx.state.update(rows=csr.n_rows, num_features=csr.num_features, keys=keys, local=local)
+        ctx.state["setup_s"] = [t1 - t0, time.perf_counter() - t1]
+
+    return setup
+
+
+def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """This partition's feature dimension and largest key (as exact 31-bit halves), and
+    how long reading and localizing took."""
+    s = ctx.state
+    top = int(s["keys"][-1]) if s["keys"].size else -1
+    out = np.zeros((cmd["num_workers"], 6))
+    out[ctx.part] = [
+        s["num_features"],
+        top >> 31,
+        top & ((1 << 31) - 1),
+        *s["setup_s"],
+        s["keys"].size,
+    ]
+    ctx.contribute(round_, out.ravel())
+
+
+def _keys(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Register the keys this partition touches (their compact ids come later)."""
+    keys = ctx.state["keys"]
+    if keys.size:
+        ctx.tensor(cmd["keyset"]).update(keys, np.ones(keys.size))
+    ctx.contribute(round_, [keys.size])
+
+
+def compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object]:
+    """(sorted compact ids of this partition's keys, the batch re-indexed to match).
+
+    Without a keyset the ids are the keys themselves (small vector input)."""
+    s = ctx.state
+    if keyset is None:
+        s["ids"] = s["keys"]
+        return s["keys"], s["local"]
+    if s.get("keyset") != keyset:
+        ids = ctx.tensor(keyset).pull(s["keys"]).astype(np.int64)
+        s["ids"], s["keyset"] = ids, keyset  # compact id of each local key (local order)
+        if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # ids in key order already
+            s["cids"], s["clocal"] = ids, s["local"]
+            return ids, s["local"]
+        order = np.argsort(ids, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        local = s["local"]
+        s["ids"] = ids  # compact id of each local key (local order = key order)
+        s["cids"] = ids[order]
+        s["clocal"] = type(local)(
+            local.indptr, rank[local.indices], local.values, order.size, local.labels, local.weights
+        )
+        s["keyset"] = keyset
+    return s["cids"], s["clocal"]
+
+
+def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition, as one
+    row per key of two PS matrices (two pushes, whatever the number of statistics)."""
+    compact(ctx, cmd["keyset"])
+    # the key-ordered batch keeps each row's keys sorted: no per-row sort needed
+    p = feature_stats([ctx.state["local"]])
+    gk = ctx.state["ids"][p.keys]
+    sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
+    ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part)
+    extremes = np.column_stack([p.vmax, -p.vmin])
+    ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part)
+    y = ctx.state["local"].labels
+    n_neg = int(np.count_nonzero((y < 0) | (y != np.floor(y))))  # MLlib's label checks, folded
+    n_multi = int(np.count_nonzero(y > 1)) - int(np.count_nonzero((y > 1) & (y != np.floor(y))))
+    ctx.contribute(
+        round_,
+        [p.n_rows, p.weight_sum, p.weight_sq_sum, *p.label_weight, p.n_bad_labels, n_neg, n_multi],
+    )
+
+
+def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Loss and gradient of this partition at x; the gradient goes to g exactly once."""
+    keys, local = compact(ctx, cmd["keyset"])
+    fit_intercept, dim = cmd["fit_intercept"], cmd["dim"]
+    if ctx.state.get("inv_std_name") != cmd["inv_std"]:
+        ctx.state["inv_std"] = ctx.tensor(cmd["inv_std"]).pull(keys)
+        ctx.state["inv_std_name"] = cmd["inv_std"]
+    t0 = time.perf_counter()
+    coef = ctx.tensor(cmd["x"]).pull(keys)
+    t1 = time.perf_counter()
+    loss, grad, grad_b, wsum = loss_and_grad(
+        local, coef, cmd["offset"], ctx.state["inv_std"], fit_intercept
+    )
+    t2 = time.perf_counter()
+    g = ctx.tensor(cmd["g"])
+    if fit_intercept:
+        g.aggregate(np.append(keys, dim - 1), np.append(grad, grad_b), round=round_, part=ctx.part)
+    else:
+        g.aggregate(keys, grad, round=round_, part=ctx.part)
+    ctx.contribute(round_, [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2])
+
+
+HANDLERS = {"dims": _dims, "keys": _keys, "stats": _stats, "grad": _grad, "epoch": _epoch}
