@@ -20,6 +20,7 @@ import numpy as np
 
 from ps_server import checkpoint, lifecycle, tls
 from ps_server.auth import TokenInterceptor
+from ps_server.direct import DirectServer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.replica import MUTATIONS, Replica, digest, request_id
@@ -109,6 +110,12 @@ class ShardServicer(pb_grpc.ShardServicer):
         self.memory = ShardMemory(index, memory_budget, lambda: self.models)
         self._lock = threading.Lock()
         self.replica: Replica | None = None  # set when the service runs with --replicas 2
+        self.direct: DirectServer | None = None  # the direct lane (see serve_shard)
+
+    @property
+    def direct_port(self) -> int:
+        """The direct lane's port (0: none, clients use gRPC only)."""
+        return self.direct.port if self.direct is not None else 0
 
     def adopt(self, models: dict[str, Tensor]) -> None:
         """Take restored models in (they count against this shard's memory budget)."""
@@ -199,6 +206,23 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     @_replicated(_call_writes)
     def Call(self, request, context):
+        return self._call(request)
+
+    def direct_call(self, request: pb.CallRequest) -> pb.CallResponse:
+        """A ``Call`` from the direct lane (:mod:`ps_server.direct`): the same answer, for
+        functions that change no model state only (nothing to replicate or deduplicate)."""
+        if self.replica is not None:
+            self.replica.check_serving()
+        _server_function(request.function)  # an unknown name is NOT_FOUND, as on gRPC
+        if request.models or _call_writes(self, request):
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                f"shard {self.index}: the direct lane serves only read-only functions without "
+                f"models; call {request.function!r} through gRPC",
+            )
+        return self._call(request)
+
+    def _call(self, request: pb.CallRequest) -> pb.CallResponse:
         fn = _server_function(request.function)
         tensors = [self.tensor(n) for n in request.models]
         arrays = [
@@ -240,6 +264,7 @@ class ShardServicer(pb_grpc.ShardServicer):
             num_models=len(models),
             nbytes=sum(t.store.nbytes for t in models),
             pid=os.getpid(),
+            direct_port=self.direct_port,
         )
 
     @_guard
@@ -367,6 +392,10 @@ def serve_shard(
     bound = tls.bind(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"shard {index}: cannot bind {host}:{port}")
+    if not tls.configured():  # the lane is plaintext: with TLS, clients stay on gRPC
+        servicer.direct = DirectServer(
+            host, token, servicer.direct_call, max_request_bytes, f"shard {index}"
+        )
     server.start()
     return server, bound, servicer
 

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["CHANNEL_OPTIONS", "server_credentials", "open_channel", "read_pem", "bind", "env_ca"]
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "server_credentials",
+    "open_channel",
+    "read_pem",
+    "bind",
+    "configured",
+    "env_ca",
+]
 
 #: Where the service and its shards find TLS files (paths), set by spark-ps-server/PSContext.
 ENV_CERT, ENV_KEY, ENV_CA = "SPARK_PS_TLS_CERT", "SPARK_PS_TLS_KEY", "SPARK_PS_TLS_CA"
@@ -41,6 +49,13 @@ def env_ca() -> bytes | None:
     import os
 
     return read_pem(os.environ.get(ENV_CA) or os.environ.get(ENV_CERT, ""))
+
+
+def configured() -> bool:
+    """Whether this process's servers listen with TLS ($SPARK_PS_TLS_CERT/KEY set)."""
+    import os
+
+    return bool(os.environ.get(ENV_CERT) or os.environ.get(ENV_KEY))
 
 
 def bind(server: grpc.Server, address: str) -> int:

@@ -13,6 +13,7 @@ from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
 from spark_ps import PSContext, PSVector
+from spark_ps.client import get_client
 
 SAN = "subjectAltName=IP:127.0.0.1,DNS:localhost"
 
@@ -76,3 +77,14 @@ def test_executors_push_through_tls(spark, tls_ps):
 
     assert spark.sparkContext.parallelize(range(4), 4).mapPartitions(work).sum() == 4
     np.testing.assert_array_equal(w.pull(np.array([7, 2**39])), [4.0, 8.0])
+
+
+def test_tls_shards_open_no_plaintext_direct_lane(tls_ps):
+    client = get_client(tls_ps.address, tls_ps.token, tls_ca=tls_ps.tls_ca)
+    assert [h.direct_port for h in client.health()] == [0, 0]
+    args = {"topic": "tls-lane", "step": 0, "part": 0, "n_parts": 1, "wait": 5.0}
+    ((meta, arrays),) = client.call(
+        "rendezvous.gather", [], args, [[np.ones(2)]], shards=[0], direct=True
+    )
+    assert meta == {"pending": False} and arrays[0].tolist() == [[1.0, 1.0]]
+    assert not client._links.__dict__.get("links")  # gRPC (TLS) carried it

@@ -99,6 +99,7 @@ class WorkerContext:
                 args,
                 [arrays[i] for i in todo] if arrays is not None else None,
                 shards=[shards[i] for i in todo],
+                direct=True,  # rendezvous functions are read-only: the shards' direct lanes
             )
             for i, (meta, arr) in zip(todo, res, strict=True):
                 if not meta.get("pending"):

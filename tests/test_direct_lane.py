@@ -1,0 +1,177 @@
+"""The shards' direct lane (ps_server.direct): read-only calls on a plain socket.
+
+Real shard processes, real sockets. The lane must answer exactly as gRPC's ``Call`` would,
+refuse what it may not serve, survive garbage, and leave no trace of a refused frame.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import uuid
+
+import numpy as np
+import pytest
+
+from ps_server.direct import MAGIC, DirectError, DirectLink
+from ps_server.proto import ps_pb2 as pb
+from ps_server.wire import to_array
+from spark_ps.client import PSError, get_client
+from spark_ps.models import PSVector
+
+
+@pytest.fixture()
+def client(ps):
+    return get_client(ps.address, ps.token)
+
+
+def _port(client, shard: int = 0) -> tuple[str, int]:
+    port = client.health()[shard].direct_port
+    assert port > 0, "a plaintext shard opens a direct lane"
+    return client.addresses[shard].rsplit(":", 1)[0], port
+
+
+def _gather(topic: str, step: int, part: int, n_parts: int, wait: float = 10.0) -> dict:
+    return {"topic": topic, "step": step, "part": part, "n_parts": n_parts, "wait": wait}
+
+
+def _request(function: str, args: dict, arrays=(), models=()) -> pb.CallRequest:
+    return pb.CallRequest(
+        function=function,
+        models=list(models),
+        args=json.dumps(args),
+        arrays=[to_array(a) for a in arrays],
+    )
+
+
+def test_lane_answers_as_grpc_does(client):
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    value = [np.array([1.5, -2.0, 3.25])]
+    lane = client.call(
+        "rendezvous.gather", [], _gather(topic, 0, 0, 1), [value], shards=[0], direct=True
+    )
+    grpc = client.call("rendezvous.gather", [], _gather(topic, 1, 0, 1), [value], shards=[0])
+    assert lane[0][0] == grpc[0][0] == {"pending": False}
+    np.testing.assert_array_equal(lane[0][1][0], grpc[0][1][0])
+    np.testing.assert_array_equal(lane[0][1][0], [value[0]])
+    assert client._links.links, "the direct call went through this thread's lane"
+
+
+def test_lane_errors_read_as_grpc_errors(client):
+    bad = _gather(f"lane-{uuid.uuid4().hex[:8]}", 0, 0, 1)
+    errors = []
+    for direct in (True, False):
+        with pytest.raises(PSError) as e:
+            client.call(
+                "rendezvous.gather", [], bad, [[np.zeros((2, 2))]], shards=[0], direct=direct
+            )
+        errors.append((e.value.code, str(e.value)))
+    assert errors[0] == errors[1]
+    assert "takes one 1-D array" in errors[0][1]
+
+
+def test_bad_token_is_refused_and_joins_nothing(client):
+    host, port = _port(client)
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    intruder = DirectLink(host, port, "not-the-token", timeout=10)
+    try:
+        intruder.send(_request("rendezvous.gather", _gather(topic, 0, 0, 2), [np.ones(2)]))
+        with pytest.raises(DirectError) as e:
+            intruder.receive()
+        assert e.value.code == "UNAUTHENTICATED"
+    finally:
+        intruder.close()
+    # had part 0 joined, part 1 would complete the step; it waits alone instead
+    (meta, _), = client.call(
+        "rendezvous.gather", [], _gather(topic, 0, 1, 2, wait=0.3), [[np.ones(2)]], shards=[0],
+        direct=True,
+    )  # fmt: skip
+    assert meta == {"pending": True}
+
+
+def test_only_read_only_functions_without_models(client, ps):
+    host, port = _port(client)
+    v = PSVector.dense(8, context=ps)
+    v.increment(np.arange(8), np.ones(8))
+    link = DirectLink(host, port, ps.token, timeout=10)
+    try:
+        for request, code in (
+            (_request("keyspace.number", {}, [np.array([0])], [v.name]), "FAILED_PRECONDITION"),
+            (_request("keyspace.count", {}, (), [v.name]), "FAILED_PRECONDITION"),
+            (_request("nosuch.thing", {}), "NOT_FOUND"),
+        ):
+            link.send(request)
+            with pytest.raises(DirectError) as e:
+                link.receive()
+            assert e.value.code == code, e.value
+        # an error answer keeps the connection: the next call is served on it
+        link.send(_request("rendezvous.gather", _gather("lane-ok", 0, 0, 1), [np.ones(1)]))
+        assert link.receive().result == json.dumps({"pending": False})
+    finally:
+        link.close()
+    np.testing.assert_array_equal(v.pull(), np.ones(8))  # nothing was applied
+
+
+def _raw(host: str, port: int, data: bytes) -> bytes:
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_garbage_oversized_and_truncated_frames(client, ps):
+    host, port = _port(client)
+    token = ps.token.encode()
+    prefix = MAGIC + struct.pack("<I", len(token)) + token
+    # not a frame: an error answer, then the connection is closed
+    out = _raw(host, port, b"GET / HTTP/1.1\r\n\r\n")
+    assert out[0] == 1 and b"INVALID_ARGUMENT\nnot a direct-lane frame" in out
+    # a length over the request limit is refused before the body is read
+    out = _raw(host, port, prefix + struct.pack("<Q", 1 << 40))
+    assert out[0] == 1 and b"RESOURCE_EXHAUSTED" in out and b"exceeds the limit" in out
+    # a body that is not a CallRequest
+    out = _raw(host, port, prefix + struct.pack("<Q", 4) + b"\xff\xff\xff\xff")
+    assert out[0] == 1 and b"malformed CallRequest" in out
+    # a truncated frame: dropped without an answer, and it joined nothing
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    body = _request("rendezvous.gather", _gather(topic, 0, 0, 2), [np.ones(2)]).SerializeToString()
+    assert _raw(host, port, prefix + struct.pack("<Q", len(body)) + body[: len(body) // 2]) == b""
+    (meta, _), = client.call(
+        "rendezvous.gather", [], _gather(topic, 0, 1, 2, wait=0.3), [[np.ones(2)]], shards=[0],
+        direct=True,
+    )  # fmt: skip
+    assert meta == {"pending": True}
+
+
+def test_a_broken_lane_falls_back_to_grpc_and_reconnects(client):
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    client.call(
+        "rendezvous.gather", [], _gather(topic, 0, 0, 1), [[np.ones(1)]], shards=[1], direct=True
+    )
+    link = client._links.links[client.addresses[1]]
+    link._sock.close()  # as if the connection broke under the client
+    (meta, arrays), = client.call(
+        "rendezvous.gather", [], _gather(topic, 1, 0, 1), [[np.full(1, 7.0)]], shards=[1],
+        direct=True,
+    )  # fmt: skip
+    assert meta == {"pending": False} and arrays[0].tolist() == [[7.0]]
+    assert client.addresses[1] not in client._links.links  # the broken link was dropped
+    client.call(
+        "rendezvous.gather", [], _gather(topic, 2, 0, 1), [[np.ones(1)]], shards=[1], direct=True
+    )
+    assert client._links.links[client.addresses[1]] is not link  # a fresh connection
+
+
+def test_lane_off_by_environment(client, monkeypatch):
+    monkeypatch.setenv("SPARK_PS_DIRECT", "0")
+    client._links.__dict__.pop("links", None)
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    (meta, _), = client.call(
+        "rendezvous.gather", [], _gather(topic, 0, 0, 1), [[np.ones(1)]], shards=[0], direct=True
+    )  # fmt: skip
+    assert meta == {"pending": False}
+    assert not client._links.__dict__.get("links")
