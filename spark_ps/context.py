@@ -24,6 +24,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.tls.cert``      PEM certificate: the embedded PS serves TLS (with tls.key)
 ``spark.ps.tls.key``       PEM private key of tls.cert
 ``spark.ps.tls.ca``        PEM CA clients trust (default: tls.cert, i.e. self-signed)
+``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
+                           daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
 """
 
@@ -251,6 +253,25 @@ class PSContext:
 
         stop._spark_ps = True
         sc.stop = stop
+        self._use_worker_daemon(sc)
+
+    @staticmethod
+    def _use_worker_daemon(sc) -> None:
+        """Fresh Python workers fork with spark-ps loaded (see ``spark_ps.worker_daemon``)."""
+        if sc.getConf().get("spark.ps.workerDaemon", "true").strip().lower() == "false":
+            return
+
+        def use() -> None:
+            try:
+                from spark_ps.worker_daemon import install
+
+                if install(sc):
+                    log.info("Python workers fork from spark_ps.worker_daemon (preloaded)")
+            except Exception as e:  # noqa: BLE001 - an optimisation: never fail the context
+                log.info("spark-ps worker daemon not used: %s", e)
+
+        # in the background: install() starts the workers' Python once to look for the module
+        threading.Thread(target=use, name="spark-ps worker daemon", daemon=True).start()
 
     def _attach_listener(self, sc) -> None:
         """Lost executors reach the coordinator (needs the bridge jar; skipped without it)."""
