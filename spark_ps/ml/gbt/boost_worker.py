@@ -14,15 +14,17 @@ One ``boost`` command starts it. Per tree, every worker
    they build the same tree), routes its rows, and goes on.
 
 Partition 0 posts each finished tree with its losses on the round board
-(``<topic>/tree/<m>``); the driver reads them for the model, the progress line and the
-resume state. A retried task rebuilds its predictions from the trees in that state and
-replays the rest: a step the shards already answered is answered again from their cache.
+(``<topic>/tree/<m>``, from a background thread); the driver reads them for the model, the
+progress line and the resume state. A retried task rebuilds its predictions from the trees
+in that state and replays the rest: a step the shards already answered is answered again
+from their cache.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -219,22 +221,50 @@ def grow_tree(ctx: WorkerContext, cmd: dict, m: int, scale) -> TreeBuilder:
     return builder
 
 
-def _post_tree(ctx, cmd, m: int, builder: TreeBuilder, tw: float, sums, last: bool) -> None:
-    """Partition 0 tells the driver about finished tree `m` and its losses."""
-    s = ctx.state
-    s["_prof"]["trees"] = m + 1
+def _post_tree(client, topic: str, m: int, builder, tw: float, sums, has_val: bool, last, prof):
+    """Tell the driver about finished tree `m` and its losses (see :class:`_TreePoster`)."""
     payload = {
         "tree": builder.finish().to_dict(),
         "weight": tw,
         "train_loss": sums[0] / sums[1],
-        "validation_loss": sums[2] / sums[3] if s["vbins"] is not None else None,
+        "validation_loss": sums[2] / sums[3] if has_val else None,
         "last": last,
-        "worker_seconds": dict(s["_prof"]),
+        "worker_seconds": prof,
     }
-    ctx.client.post(tree_topic(cmd["topic"], m), 1, payload)
+    client.post(tree_topic(topic, m), 1, payload)
 
 
-def _tree_done(ctx, cmd, m: int, built, g: np.ndarray) -> bool:
+class _TreePoster:
+    """Partition 0 posts the finished trees from one background thread.
+
+    Posting runs right after the next tree's gather, which every worker waits for: while
+    partition 0 encoded a tree and called the board, the others waited at the first layer.
+    A post that failed raises at the next post or at :meth:`close`."""
+
+    def __init__(self, ctx: WorkerContext, cmd: dict) -> None:
+        self._ctx, self._topic = ctx, cmd["topic"]
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-ps-tree-post")
+        self._posts: list[Future] = []
+
+    def post(self, m: int, builder: TreeBuilder, tw: float, sums, last: bool) -> None:
+        while self._posts and self._posts[0].done():
+            self._posts.pop(0).result()  # raises a failed post's error
+        s = self._ctx.state
+        s["_prof"]["trees"] = m + 1
+        args = (self._topic, m, builder, tw, sums, s["vbins"] is not None, last)
+        job = self._pool.submit(_post_tree, self._ctx.client, *args, dict(s["_prof"]))
+        self._posts.append(job)
+
+    def close(self, wait: bool = True) -> None:
+        """Wait for every post (raising a failed one's error); without `wait`, drop them."""
+        try:
+            for job in self._posts if wait else ():
+                job.result()
+        finally:
+            self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+def _tree_done(ctx, cmd, m: int, built, g: np.ndarray, poster: _TreePoster | None) -> bool:
     """Tree `m - 1` is in every prediction: record its losses, post it, decide on stopping
     (every worker sees the same gathered sums, so every worker decides the same)."""
     s, p = ctx.state, cmd["params"]
@@ -243,8 +273,8 @@ def _tree_done(ctx, cmd, m: int, built, g: np.ndarray) -> bool:
     if has_val:
         s["val_losses"].append(sums[2] / sums[3])
     last = m >= p["maxIter"] or (has_val and early_stop(s["val_losses"], p["validationTol"])[0])
-    if ctx.part == 0:
-        _post_tree(ctx, cmd, m - 1, *built, sums, last)
+    if poster is not None:
+        poster.post(m - 1, *built, sums, last)
     return last
 
 
@@ -261,16 +291,29 @@ def boost(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """The ``boost`` command: grow trees until maxIter or early stopping (see module doc)."""
     s, p = ctx.state, cmd["params"]
     s.setdefault("_prof", defaultdict(float))
-    m, built = s["n_trees"], None
-    if m >= p["maxIter"] or early_stop(s["val_losses"], p["validationTol"])[0]:
+    if s["n_trees"] >= p["maxIter"] or early_stop(s["val_losses"], p["validationTol"])[0]:
         return  # a retried task of a fit that has already ended
+    poster = _TreePoster(ctx, cmd) if ctx.part == 0 else None
+    try:
+        _boost_trees(ctx, cmd, poster)
+    except BaseException:
+        if poster is not None:
+            poster.close(wait=False)
+        raise
+    if poster is not None:
+        poster.close()
+
+
+def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> None:
+    s, p = ctx.state, cmd["params"]
+    m, built = s["n_trees"], None
     while True:
         with _timed(s, "targets"):
             t = compute_targets(s, m)
             lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)
             losses = _losses(s)
         g = _gather(ctx, cmd, m, [-lo, hi, *losses])
-        if built is not None and _tree_done(ctx, cmd, m, built, g):
+        if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
             return
         lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())
         scale = choose_scale(lo, hi, cmd["max_w"], cmd["n_rows"])
