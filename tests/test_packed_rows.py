@@ -246,3 +246,34 @@ def test_the_arrow_byte_cap_is_lifted_for_the_job_only(spark_ps, data):
         assert not _job._uncap_arrow_bytes(conf)
     finally:
         conf.unset(_job._ARROW_ROWS)
+
+
+# --------------------------------------------------------------------------- LR's dense rows
+
+
+@needs_bridge
+def test_lr_dense_rows_travel_packed_and_fit_as_arrays_do(spark_ps, monkeypatch):
+    from spark_ps.ml.base import prepare_fit_data
+    from spark_ps.ml.classification import LogisticRegression
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(400, 6))
+    y = (X @ rng.normal(size=6) + 0.5 * rng.normal(size=400) > 0).astype(float)
+    rows = [(float(y[i]), Vectors.dense(X[i])) for i in range(400)]
+    df = spark_ps[0].createDataFrame(rows, ["label", "features"])
+    prepared = prepare_fit_data(df, features_col="features", label_col="label", densify_max=16)
+    assert prepared.features_kind == "dense"
+    assert dict(prepared.df.dtypes)["features"] == "binary"
+    lr = LogisticRegression(maxIter=8, regParam=0.01)
+    packed = lr.fit(df)
+
+    def missing(spark):
+        raise RuntimeError("the spark-ps JVM bridge is not built")
+
+    monkeypatch.setattr(_jvm, "ensure_bridge", missing)
+    prepared = prepare_fit_data(df, features_col="features", label_col="label", densify_max=16)
+    assert dict(prepared.df.dtypes)["features"] == "array<double>"
+    arrays = lr.fit(df)
+    np.testing.assert_array_equal(packed.coefficients.toArray(), arrays.coefficients.toArray())
+    assert packed.intercept == arrays.intercept
+    assert packed.summary.objectiveHistory == arrays.summary.objectiveHistory
