@@ -304,7 +304,11 @@ class PSJob:
     def _run(self) -> None:
         self._sc.setJobDescription(f"spark-ps {self.name}: worker loop")
         conf = self._df.sparkSession.conf
-        uncapped = _uncap_arrow_bytes(conf)  # read as the job is submitted, retries included
+        try:  # read as the job is submitted, for its retries too
+            uncapped = _uncap_arrow_bytes(conf)
+        except Exception:  # noqa: BLE001 - only a speed-up: the job runs capped
+            log.debug("%s: could not lift %s", self.name, _ARROW_BYTES, exc_info=True)
+            uncapped = False
         try:
             self.result = self._df.collect()
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread

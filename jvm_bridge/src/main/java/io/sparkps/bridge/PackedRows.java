@@ -20,9 +20,9 @@ import org.apache.spark.sql.types.DataTypes;
  * (~120 ns a double, measured on 131k x 24 rows), but a {@code binary} column one byte array
  * per row; the Python side then views the whole Arrow data buffer as one float64 matrix.
  * Sparse vectors are densified as MLlib's {@code toArray} does (a repeated index keeps its
- * last value); a null vector gives null, which the reader refuses by row. Only an index
- * outside the vector fails here, naming the column, the row within the partition and the
- * partition (no dense row exists for it).
+ * last value); a null vector gives null, which the reader refuses by row. Only a sparse
+ * vector with no dense row (an index outside it, or over 2^28 values) fails here, naming the
+ * column, the row within the partition and the partition.
  */
 public final class PackedRows {
     private PackedRows() {}
@@ -59,18 +59,25 @@ public final class PackedRows {
             int n = sv.size();
             int[] idx = sv.indices();
             double[] v = sv.values();
+            if (n > Integer.MAX_VALUE / 8) {
+                throw bad("a sparse vector of size " + n + " is too large to densify");
+            }
             ByteBuffer out = ByteBuffer.allocate(n * 8).order(ByteOrder.LITTLE_ENDIAN);
             for (int k = 0; k < idx.length; k++) {
                 int i = idx[k];
                 if (i < 0 || i >= n) {
-                    TaskContext ctx = TaskContext.get();
-                    String where = ctx == null ? "" : " (partition " + ctx.partitionId() + ")";
-                    throw new IllegalArgumentException("features column '" + name + "': index "
-                        + i + " out of range [0, " + n + ") at row " + (row - 1) + where);
+                    throw bad("index " + i + " out of range [0, " + n + ")");
                 }
                 out.putDouble(i * 8, v[k]);
             }
             return out.array();
+        }
+
+        private IllegalArgumentException bad(String message) {
+            TaskContext ctx = TaskContext.get();
+            String where = ctx == null ? "" : " (partition " + ctx.partitionId() + ")";
+            return new IllegalArgumentException("features column '" + name + "': " + message
+                + " at row " + (row - 1) + where);
         }
     }
 }
