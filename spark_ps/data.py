@@ -15,9 +15,9 @@ Supported features columns (``features_col``):
   2**31), with values from ``values_col`` (``array<float|double>`` of equal
   lengths) or 1.0 each.
 * ``array<float>`` / ``array<double>``: dense rows of equal length.
-* ``binary`` (``read_partition(..., dense_matrix=True)`` only): each row a vector's values
-  packed as little-endian float64 by the JVM bridge (``io.sparkps.bridge.PackedRows``);
-  Spark's Arrow writer copies one byte array per row instead of every double.
+* ``binary`` / ``large_binary``: dense rows too, each a vector's values packed as
+  little-endian float64 by the JVM bridge (``io.sparkps.bridge.PackedRows``): Spark's
+  Arrow writer copies one byte array per row instead of every double.
 
 Errors name the column and the row: ``row_offset + i``, the row's position in
 its partition when batches come through :func:`read_partition`.
@@ -47,7 +47,8 @@ DENSE_MAX_FEATURES = 4096
 """Rows of at most this many features that store every column are computed on as a matrix."""
 _SUPPORTED = (
     "VectorUDT (struct<type: int8, size: int32, indices: list<int32>, values: list<double>>), "
-    "array<bigint>/array<int> keys, array<float>/array<double> dense"
+    "array<bigint>/array<int> keys, array<float>/array<double> dense, "
+    "binary dense (float64 rows packed by the JVM bridge)"
 )
 
 
@@ -397,6 +398,8 @@ def features_kind(dtype: pa.DataType, column: str = "features") -> str:
             return "keys"
         if pa.types.is_float32(inner) or pa.types.is_float64(inner):
             return "dense"
+    if _is_packed(dtype):
+        return "dense"
     raise TypeError(
         f"features column {column!r} has unsupported Arrow type {dtype}; supported: {_SUPPORTED}"
     )
@@ -582,8 +585,9 @@ def _dense_values(col: pa.Array, column: str, num_features: int | None, row_offs
 
 
 def _dense_to_csr(col: pa.Array, column: str, num_features: int | None, row_offset: int):
-    """array<float|double> rows of equal length -> (indptr, indices, values, dim)."""
-    values, num_features = _dense_values(col, column, num_features, row_offset)
+    """array<float|double> or packed rows of equal length -> (indptr, indices, values, dim)."""
+    read = _packed_values if _is_packed(col.type) else _dense_values
+    values, num_features = read(col, column, num_features, row_offset)
     n = len(col)
     indices = np.tile(np.arange(num_features, dtype=np.int64), n)
     return np.arange(n + 1, dtype=np.int64) * num_features, indices, values, num_features
@@ -675,7 +679,9 @@ def arrow_to_csr(
         parts = _dense_to_csr(col, features_col, num_features, row_offset)
     else:
         vcol = None if values_col is None else _column(batch, values_col, "values")
-        if vcol is not None and features_kind(vcol.type, values_col) != "dense":
+        if vcol is not None and (
+            _is_packed(vcol.type) or features_kind(vcol.type, values_col) != "dense"
+        ):
             raise TypeError(
                 f"values column {values_col!r} must be array<float|double>, got {vcol.type}"
             )
@@ -780,7 +786,7 @@ def _read_dense(batches, features_col, label_col, weight_col, num_features, row_
     parts: list = []
     for batch in batches:
         col = _column(batch, features_col, "features")
-        if not _is_packed(col.type) and features_kind(col.type, features_col) != "dense":
+        if features_kind(col.type, features_col) != "dense":
             raise TypeError(
                 f"dense_matrix=True needs an array<float|double> or packed binary features "
                 f"column; {features_col!r} has type {col.type}"

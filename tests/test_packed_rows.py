@@ -277,3 +277,19 @@ def test_lr_dense_rows_travel_packed_and_fit_as_arrays_do(spark_ps, monkeypatch)
     np.testing.assert_array_equal(packed.coefficients.toArray(), arrays.coefficients.toArray())
     assert packed.intercept == arrays.intercept
     assert packed.summary.objectiveHistory == arrays.summary.objectiveHistory
+
+
+def test_packed_rows_read_into_csr_as_the_arrays_do():
+    """Readers that build CSR batches (every trainer without dense_matrix) take them too."""
+    from spark_ps.data import arrow_to_csr
+
+    rows = [[0.0, 1.5, -2.0], [3.0, 0.0, 0.25]]
+    y = [1.0, 0.0]
+    packed = arrow_to_csr(_batches(_packed, rows, y, 2)[0], "f", label_col="y")
+    arrays = arrow_to_csr(_batches(_arrays, rows, y, 2)[0], "f", label_col="y")
+    for name in ("indptr", "indices", "values", "labels"):
+        np.testing.assert_array_equal(getattr(packed, name), getattr(arrays, name))
+    assert packed.num_features == arrays.num_features == 3
+    keys = pa.record_batch({"f": pa.array([[0, 2]]), "v": _packed([[1.0, 2.0]])})
+    with pytest.raises(TypeError, match=r"column .v. must be array<float\|double>, got binary"):
+        arrow_to_csr(keys, "f", values_col="v")
