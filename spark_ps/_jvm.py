@@ -26,6 +26,7 @@ __all__ = [
     "add_executor_listener",
     "lr_scorer",
     "lr_score",
+    "packed_rows",
 ]
 
 _CLASSIFICATION = "org.apache.spark.ml.classification"
@@ -249,3 +250,20 @@ def lr_score(
         int(predict_from), float(threshold), float(raw_threshold),
     )  # fmt: skip
     return DataFrame(jdf, spark)
+
+
+# --- VectorUDT rows packed for Python workers (io.sparkps.bridge.PackedRows) ---
+
+
+def packed_rows(dataset: DataFrame, features: str, name: str) -> DataFrame:
+    """``dataset`` with column ``name`` holding each row's vector (``features``, a quoted
+    reference) as little-endian float64 ``binary``, densified; null stays null.
+
+    Raises RuntimeError when the bridge is not available (jar not built, Spark Connect).
+    """
+    from pyspark.sql import DataFrame
+
+    spark = dataset.sparkSession
+    bridge = ensure_bridge(spark)
+    _bridge_on_executors(spark)
+    return DataFrame(bridge.PackedRows.pack(dataset._jdf, features, name), spark)

@@ -15,6 +15,9 @@ Supported features columns (``features_col``):
   2**31), with values from ``values_col`` (``array<float|double>`` of equal
   lengths) or 1.0 each.
 * ``array<float>`` / ``array<double>``: dense rows of equal length.
+* ``binary`` / ``large_binary``: dense rows too, each a vector's values packed as
+  little-endian float64 by the JVM bridge (``io.sparkps.bridge.PackedRows``): Spark's
+  Arrow writer copies one byte array per row instead of every double.
 
 Errors name the column and the row: ``row_offset + i``, the row's position in
 its partition when batches come through :func:`read_partition`.
@@ -44,7 +47,8 @@ DENSE_MAX_FEATURES = 4096
 """Rows of at most this many features that store every column are computed on as a matrix."""
 _SUPPORTED = (
     "VectorUDT (struct<type: int8, size: int32, indices: list<int32>, values: list<double>>), "
-    "array<bigint>/array<int> keys, array<float>/array<double> dense"
+    "array<bigint>/array<int> keys, array<float>/array<double> dense, "
+    "binary dense (float64 rows packed by the JVM bridge)"
 )
 
 
@@ -394,6 +398,8 @@ def features_kind(dtype: pa.DataType, column: str = "features") -> str:
             return "keys"
         if pa.types.is_float32(inner) or pa.types.is_float64(inner):
             return "dense"
+    if _is_packed(dtype):
+        return "dense"
     raise TypeError(
         f"features column {column!r} has unsupported Arrow type {dtype}; supported: {_SUPPORTED}"
     )
@@ -579,8 +585,9 @@ def _dense_values(col: pa.Array, column: str, num_features: int | None, row_offs
 
 
 def _dense_to_csr(col: pa.Array, column: str, num_features: int | None, row_offset: int):
-    """array<float|double> rows of equal length -> (indptr, indices, values, dim)."""
-    values, num_features = _dense_values(col, column, num_features, row_offset)
+    """array<float|double> or packed rows of equal length -> (indptr, indices, values, dim)."""
+    read = _packed_values if _is_packed(col.type) else _dense_values
+    values, num_features = read(col, column, num_features, row_offset)
     n = len(col)
     indices = np.tile(np.arange(num_features, dtype=np.int64), n)
     return np.arange(n + 1, dtype=np.int64) * num_features, indices, values, num_features
@@ -672,7 +679,9 @@ def arrow_to_csr(
         parts = _dense_to_csr(col, features_col, num_features, row_offset)
     else:
         vcol = None if values_col is None else _column(batch, values_col, "values")
-        if vcol is not None and features_kind(vcol.type, values_col) != "dense":
+        if vcol is not None and (
+            _is_packed(vcol.type) or features_kind(vcol.type, values_col) != "dense"
+        ):
             raise TypeError(
                 f"values column {values_col!r} must be array<float|double>, got {vcol.type}"
             )
@@ -692,9 +701,10 @@ def _labels_weights(batch, label_col: str | None, weight_col: str | None, row_of
 
 
 def _arrow_to_dense(batch, features_col: str, label_col, weight_col, num_features, row_offset):
-    """One batch of ``array<float|double>`` features -> a validated :class:`DenseBatch`."""
+    """One batch of ``array<float|double>`` or packed features -> a validated DenseBatch."""
     col = _column(batch, features_col, "features")
-    values, d = _dense_values(col, features_col, num_features, row_offset)
+    read = _packed_values if _is_packed(col.type) else _dense_values
+    values, d = read(col, features_col, num_features, row_offset)
     labels, weights = _labels_weights(batch, label_col, weight_col, row_offset)
     return DenseBatch(values.reshape(len(col), d), labels, weights)
 
@@ -717,8 +727,8 @@ def read_partition(
     and dense columns the first non-empty batch's dimension binds the later ones
     (keys columns take the largest key space seen). An empty partition gives a
     batch of 0 rows with ``num_features`` (or 0) and empty label/weight arrays.
-    With ``dense_matrix`` the ``array<float|double>`` features column gives a
-    :class:`DenseBatch` instead (no index arrays are built).
+    With ``dense_matrix`` an ``array<float|double>`` or packed ``binary`` features column
+    gives a :class:`DenseBatch` instead (no index arrays are built).
     """
     if dense_matrix and values_col is None:
         return _read_dense(batches, features_col, label_col, weight_col, num_features, row_offset)
@@ -742,15 +752,44 @@ def read_partition(
     return CSRBatch.concat(parts)
 
 
+def _is_packed(dtype: pa.DataType) -> bool:
+    return pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype)
+
+
+def _packed_values(col: pa.Array, column: str, num_features: int | None, row_offset: int):
+    """``binary`` rows of little-endian float64 (``io.sparkps.bridge.PackedRows``) -> (flat
+    values, dim): one view of the Arrow data buffer, checked as :func:`_dense_values`."""
+    what = f"features column {column!r}"
+    _check_no_nulls(col, f"{what}: null array", row_offset)
+    n_rows = len(col)
+    _, offs_buf, data = col.buffers()
+    if n_rows == 0 or offs_buf is None:  # empty arrays may come with no buffers
+        return np.zeros(0), num_features or 0
+    width = np.dtype(np.int64 if pa.types.is_large_binary(col.type) else np.int32)
+    offs = np.frombuffer(offs_buf, width, count=n_rows + 1, offset=col.offset * width.itemsize)
+    lengths = np.diff(offs)
+    if (lengths % 8).any():
+        i = _first(lengths % 8 != 0)
+        raise ValueError(
+            f"{what}: packed row of {lengths[i]} bytes at row {row_offset + i} is not a whole "
+            "number of float64 values"
+        )
+    num_features = _check_sizes(lengths // 8, num_features, what, row_offset)
+    n = n_rows * num_features
+    values = np.frombuffer(data, dtype="<f8", count=n, offset=int(offs[0])) if n else np.zeros(0)
+    _check_finite(values, np.arange(n_rows + 1) * num_features, what, row_offset)
+    return values.astype(np.float64, copy=False), num_features
+
+
 def _read_dense(batches, features_col, label_col, weight_col, num_features, row_offset):
-    """:func:`read_partition` for ``array<float|double>`` features: one DenseBatch."""
+    """:func:`read_partition` for ``array<float|double>`` or packed features: one DenseBatch."""
     parts: list = []
     for batch in batches:
         col = _column(batch, features_col, "features")
         if features_kind(col.type, features_col) != "dense":
             raise TypeError(
-                f"dense_matrix=True needs an array<float|double> features column; "
-                f"{features_col!r} has type {col.type}"
+                f"dense_matrix=True needs an array<float|double> or packed binary features "
+                f"column; {features_col!r} has type {col.type}"
             )
         part = _arrow_to_dense(batch, features_col, label_col, weight_col, num_features, row_offset)
         row_offset += batch.num_rows

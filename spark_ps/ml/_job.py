@@ -51,6 +51,29 @@ log = logging.getLogger("spark_ps.job")
 _DONE_SCHEMA = "partition long, rows long"
 _TENSORS: dict = {}
 
+#: Below Int.MaxValue (the default is 64 MB), Spark 4 sizes the Arrow batch it is writing
+#: after every row: a walk over every Arrow vector of the row's schema, ~20% of the JVM's
+#: CPU handing GBT's nycflights rows to the workers (JFR). A job's batches stay bounded by
+#: maxRecordsPerBatch (10,000 rows by default), as they were before Spark 4.
+_ARROW_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+_ARROW_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_UNCAPPED = str(2**31 - 1)
+
+
+def _uncap_arrow_bytes(conf) -> bool:
+    """Lift the session's Arrow byte cap for the job about to start, unless the user set it
+    (or lifted the row cap); True if it was lifted (then :func:`_recap_arrow_bytes`)."""
+    if conf.get(_ARROW_BYTES, None) is not None or int(conf.get(_ARROW_ROWS, "10000")) <= 0:
+        return False
+    conf.set(_ARROW_BYTES, _UNCAPPED)
+    return True
+
+
+def _recap_arrow_bytes(conf) -> None:
+    """Undo :func:`_uncap_arrow_bytes` unless someone has set another value meanwhile."""
+    if conf.get(_ARROW_BYTES, None) == _UNCAPPED:
+        conf.unset(_ARROW_BYTES)
+
 
 class WorkerContext:
     """What a command handler sees on the executor: the partition, the PS, its ids."""
@@ -281,10 +304,19 @@ class PSJob:
 
     def _run(self) -> None:
         self._sc.setJobDescription(f"spark-ps {self.name}: worker loop")
+        conf = self._df.sparkSession.conf
+        try:  # read as the job is submitted, for its retries too
+            uncapped = _uncap_arrow_bytes(conf)
+        except Exception:  # noqa: BLE001 - only a speed-up: the job runs capped
+            log.debug("%s: could not lift %s", self.name, _ARROW_BYTES, exc_info=True)
+            uncapped = False
         try:
             self.result = self._df.collect()
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             self.error = e
+        finally:
+            if uncapped:
+                best_effort("restoring " + _ARROW_BYTES, lambda: _recap_arrow_bytes(conf))
 
     def __enter__(self) -> PSJob:
         self._thread.start()

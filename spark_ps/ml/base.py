@@ -51,6 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_ps import _jvm
 from spark_ps.data import CSRBatch, arrow_to_csr
 
 __all__ = [
@@ -236,8 +237,9 @@ def prepare_fit_data(
     ``num_workers=0`` means the SparkContext's default parallelism. A RuntimeWarning is
     issued when there are fewer task slots than workers (barrier/SSP training needs every
     worker running at once). With ``densify_max``, a vector column whose first row is a
-    dense vector of at most that size travels as ``array<double>`` (kind ``"dense"``):
-    Spark's Arrow writer is ~3x cheaper for a flat array than for the vector struct.
+    dense vector of at most that size travels densified (kind ``"dense"``; read it with
+    ``read_partition(..., dense_matrix=True)``): packed by the JVM bridge as one float64
+    ``binary`` per row (see :func:`_densified`), else as ``array<double>``.
     """
     if not isinstance(dataset, DataFrame):
         raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
@@ -245,8 +247,11 @@ def prepare_fit_data(
     kind = features_kind(schema, features_col)
     _check_numeric(schema, label_col, "labelCol")
     features = F.col(_quote(features_col))
-    if kind == "vector" and densify_max and _dense_first_row(dataset, features_col, densify_max):
-        features, kind = vector_to_array(features).alias(features_col), "dense"
+    densify = (
+        kind == "vector"
+        and bool(densify_max)
+        and _dense_first_row(dataset, features_col, densify_max)
+    )
     cols = [features, F.col(_quote(label_col)).cast("double").alias(label_col)]
     if weight_col:
         _check_numeric(schema, weight_col, "weightCol")
@@ -264,11 +269,27 @@ def prepare_fit_data(
             stacklevel=3,
         )
     df = dataset.select(*cols)
+    if densify:
+        df, kind = _densified(df, features_col), "dense"
     if df.rdd.getNumPartitions() != workers:
         df = df.repartition(workers)
     return PreparedData(
         df, features_col, label_col, weight_col or None, values_col or None, kind, workers
     )
+
+
+def _densified(df: DataFrame, features_col: str) -> DataFrame:
+    """``df`` with its vector column as one float64 row each, for a dense-matrix read.
+
+    Packed by the bridge (``io.sparkps.bridge.PackedRows``): Spark's Arrow writer copies one
+    byte array per row, not every double of an ``array<double>`` (measured: 200k x 100 dense
+    rows, JVM CPU 1.30 -> 0.98 s, worker wait 0.95 -> 0.64 s). ``vector_to_array`` without the
+    bridge (jar not built, Spark Connect)."""
+    try:
+        return _jvm.packed_rows(df, _quote(features_col), features_col)
+    except RuntimeError:
+        _log.debug("dense rows as array<double>: the JVM bridge is not available")
+        return df.withColumn(features_col, vector_to_array(F.col(_quote(features_col))))
 
 
 def _dense_first_row(dataset: DataFrame, features_col: str, max_size: int) -> bool:

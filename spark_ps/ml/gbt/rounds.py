@@ -43,7 +43,7 @@ def setup_rows(prepared: PreparedData) -> Callable:
     """The job's set-up: each task reads its rows into dense numpy arrays."""
     features, label, weight = prepared.features_col, prepared.label_col, prepared.weight_col
     submitted = time.time()
-    # _dense_rows hands vectors over as array<double>: read them straight into a matrix
+    # _dense_rows hands vectors over packed (or as array<double>): read them into a matrix
     dense = {"dense_matrix": True} if prepared.features_kind in ("vector", "dense") else {}
 
     def setup(batches, ctx: WorkerContext) -> None:
@@ -70,7 +70,7 @@ def setup_rows(prepared: PreparedData) -> Callable:
             if batches
             else np.zeros(0, bool)
         )
-        if dense:  # array<double> rows: one reshape, no index arrays
+        if dense:  # packed or array<double> rows: one matrix, no index arrays
             X = csr.matrix
         else:
             X = csr.to_dense() if csr.n_rows else np.zeros((0, csr.num_features))
