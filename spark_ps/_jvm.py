@@ -261,9 +261,15 @@ def packed_rows(dataset: DataFrame, features: str, name: str) -> DataFrame:
 
     Raises RuntimeError when the bridge is not available (jar not built, Spark Connect).
     """
+    from py4j.java_gateway import JavaClass
     from pyspark.sql import DataFrame
 
     spark = dataset.sparkSession
-    bridge = ensure_bridge(spark)
+    packed = ensure_bridge(spark).PackedRows
+    if not isinstance(packed, JavaClass):  # py4j names a missing class a package
+        raise RuntimeError(
+            f"the spark-ps JVM bridge on the classpath ({bridge_jar()}) predates "
+            f"{_PACKAGE}.PackedRows: rebuild it with scripts/build_jar.sh"
+        )
     _bridge_on_executors(spark)
-    return DataFrame(bridge.PackedRows.pack(dataset._jdf, features, name), spark)
+    return DataFrame(packed.pack(dataset._jdf, features, name), spark)
