@@ -148,3 +148,27 @@ def test_local_fit_grows_the_same_trees_without_numba(monkeypatch):
     for a, b in zip(jit_trees, np_trees, strict=True):
         for k, v in a.to_dict().items():
             np.testing.assert_array_equal(np.asarray(v), np.asarray(b.to_dict()[k]), err_msg=k)
+
+
+@pytest.mark.parametrize("n_thr,dtype", [((1, 31, 0, 5), np.uint8), ((300, 2, 1, 0), np.uint16)])
+def test_bin_pass_equals_numpy_searchsorted(n_thr, dtype):
+    rng = np.random.default_rng(sum(n_thr))
+    X = rng.normal(size=(4000, len(n_thr)))
+    thresholds = [np.sort(rng.normal(size=k)) for k in n_thr]
+    X[:50, 0] = thresholds[0][0]  # exactly on a threshold: the lower bin (side="left")
+    X[50:60] = np.nan  # after every threshold
+    X[60:70] = np.inf
+    X[70:80] = -np.inf
+    X[80:90] = -0.0  # equal to 0.0, as numpy compares
+    thresholds[1][0] = 0.0
+    got = K.bin_pass(np.ascontiguousarray(X), thresholds, dtype)
+    want = np.stack([np.searchsorted(t, X[:, j], side="left") for j, t in enumerate(thresholds)], 1)
+    assert got.dtype == dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    assert (got[50:60] == np.array(n_thr)).all()
+    from spark_ps.ml.tree.binning import bin_matrix
+
+    for order, flag in (("C", "c_contiguous"), ("F", "f_contiguous")):
+        b = bin_matrix(X, thresholds, order=order)
+        assert getattr(b.flags, flag) and b.dtype == dtype
+        np.testing.assert_array_equal(b, want)

@@ -158,8 +158,8 @@ def _sketch_keys(feat: np.ndarray, values: np.ndarray) -> np.ndarray:
 def _apply_bins(s: dict, thresholds: list, loss_type: str) -> None:
     thresholds = [np.asarray(t, dtype=np.float64) for t in thresholds]
     # C order: the compiled histogram and routing passes read a row's bins together
-    s["bins"] = np.ascontiguousarray(bin_matrix(s["X"], thresholds))
-    s["vbins"] = np.ascontiguousarray(bin_matrix(s["Xv"], thresholds)) if s["Xv"].size else None
+    s["bins"] = bin_matrix(s["X"], thresholds, order="C")
+    s["vbins"] = bin_matrix(s["Xv"], thresholds, order="C") if s["Xv"].size else None
     s["pred"], s["vpred"] = np.zeros(s["y"].size), np.zeros(s["yv"].size)
     loss = get_loss(loss_type)
     s["loss"] = loss

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spark_ps.ml.tree import kernels
+
 __all__ = [
     "QuantileSketch",
     "bin_csr",
@@ -270,11 +272,12 @@ def split_thresholds(sketch: QuantileSketch, max_bins: int) -> list[np.ndarray]:
     return out
 
 
-def bin_matrix(X: np.ndarray, thresholds: list[np.ndarray]) -> np.ndarray:
+def bin_matrix(X: np.ndarray, thresholds: list[np.ndarray], order: str = "F") -> np.ndarray:
     """Bin index per (row, feature): ``thresholds[b-1] < x <= thresholds[b]`` is bin ``b``.
 
     Returns uint8 when every feature has at most 256 bins, else uint16, in Fortran order
-    because histogram building reads one feature column at a time. NaN lands in the last bin
+    (numpy histogram building reads one feature column at a time) or, with ``order="C"``,
+    in C order (the compiled passes read a row's bins together). NaN lands in the last bin
     (it goes right at every split, as ``NaN <= t`` is false in MLlib too).
     """
     X = np.asarray(X, dtype=np.float64)
@@ -284,10 +287,14 @@ def bin_matrix(X: np.ndarray, thresholds: list[np.ndarray]) -> np.ndarray:
     if n_bins > 65536:
         raise ValueError(f"{n_bins} bins do not fit uint16; lower maxBins")
     dtype = np.uint8 if n_bins <= 256 else np.uint16
+    thresholds = [np.asarray(t, dtype=np.float64) for t in thresholds]
+    if kernels.HAVE_JIT and not any(np.isnan(t).any() for t in thresholds):
+        out = kernels.bin_pass(X, thresholds, dtype)  # C order
+        return out if order == "C" else np.asfortranarray(out)
     out = np.empty(X.shape, dtype=dtype, order="F")
     for j, thr in enumerate(thresholds):  # contiguous needles search ~2x faster
         out[:, j] = np.searchsorted(thr, np.ascontiguousarray(X[:, j]), side="left")
-    return out
+    return out if order == "F" else np.ascontiguousarray(out)
 
 
 def bin_csr(

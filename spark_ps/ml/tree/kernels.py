@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "HAVE_JIT",
+    "bin_pass",
     "node_histogram_pass",
     "quantize_pass",
     "route_pass",
@@ -153,6 +154,39 @@ def quantize_pass(
     return out
 
 
+@njit(cache=True, nogil=True)
+def _bin_rows(X, thr, n_thr, out):
+    """``searchsorted(thr[j, :n_thr[j]], X[r, j], side="left")`` per cell, row by row; NaN
+    sorts after every threshold, as numpy's does."""
+    for r in range(X.shape[0]):
+        for j in range(X.shape[1]):
+            x = X[r, j]
+            lo, hi = 0, n_thr[j]
+            if x != x:
+                lo = hi
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if thr[j, mid] < x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[r, j] = lo
+
+
+def bin_pass(X: np.ndarray, thresholds: list[np.ndarray], dtype) -> np.ndarray:
+    """C-ordered bins of float64 rows `X`, numpy's ``searchsorted(side="left")`` per feature
+    bit for bit, in one pass over the rows. One numpy search per feature read each strided
+    column once and wrote the bins by column (Fortran order) for a transpose afterwards:
+    ~0.1 s of a worker's 131k x 24 set-up, measured."""
+    n_thr = np.array([t.size for t in thresholds], dtype=np.int64)
+    thr = np.zeros((len(thresholds), max(int(n_thr.max(initial=0)), 1)), dtype=np.float64)
+    for j, t in enumerate(thresholds):  # loop over features: a few dozen
+        thr[j, : t.size] = t
+    out = np.empty(X.shape, dtype=dtype)
+    _bin_rows(X, thr, n_thr, out)
+    return out
+
+
 def _warm() -> None:
     """Call every kernel once with the argument types the workers use (uint8 C-order bins)."""
     bins = np.zeros((2, 1), dtype=np.uint8)
@@ -160,6 +194,7 @@ def _warm() -> None:
     node_histogram_pass(bins, i32, i32[:1], np.ones(2, bool), np.zeros((3, 2), np.int64), 1, 1)
     route_pass(bins, i32, i32, i32, i32, i32, np.zeros(2, bool))
     quantize_pass(np.zeros(2), np.ones(2), 0.0, 0, 0)
+    bin_pass(np.zeros((2, 1)), [np.zeros(1)], np.uint8)
 
 
 def warm_up() -> threading.Thread | None:
