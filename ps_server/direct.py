@@ -141,7 +141,7 @@ class DirectServer:
         if body is None:
             return False  # truncated: dropped before anything was parsed
         try:
-            request = pb.CallRequest.FromString(bytes(body))
+            request = pb.CallRequest.FromString(body)  # parses the bytearray: no copy
         except Exception as e:  # noqa: BLE001 - any parse failure is the client's
             return self._refuse(conn, "INVALID_ARGUMENT", f"malformed CallRequest: {e}")
         try:
@@ -189,7 +189,10 @@ class DirectLink:
     def send(self, request: pb.CallRequest) -> None:
         """Send a request (raises OSError if the connection is broken)."""
         body = request.SerializeToString()
-        self._sock.sendall(self._prefix + _LEN.pack(len(body)) + body)
+        head = self._prefix + _LEN.pack(len(body))
+        sent = self._sock.sendmsg([head, body])  # gathered: the body is not copied
+        if sent < len(head) + len(body):
+            self._sock.sendall(memoryview(head + body)[sent:])  # (rare) the rest
 
     def receive(self) -> pb.CallResponse:
         """The answer to the last request sent; :class:`DirectError` for an error answer
@@ -203,7 +206,7 @@ class DirectLink:
         if body is None:
             raise DirectError(None, "direct lane: the shard closed the connection")
         if status == 0:
-            return pb.CallResponse.FromString(bytes(body))
+            return pb.CallResponse.FromString(body)
         code, _, message = bytes(body).decode(errors="replace").partition("\n")
         raise DirectError(code, message)
 

@@ -25,15 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 import numpy as np
-from pyspark.ml.functions import vector_to_array
 from pyspark.sql import functions as F
 
-from spark_ps import _jvm
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, _latest, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
-from spark_ps.ml.base import PreparedData, _quote
+from spark_ps.ml.base import PreparedData, densified
 from spark_ps.ml.gbt import boost_worker
 from spark_ps.ml.gbt.boost_worker import early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
@@ -166,30 +164,13 @@ ROWS = "auto"
 
 
 def _dense_rows(data: PreparedData):
-    """The rows with vectors as one float64 row each: workers densify every row anyway.
-
-    Packed (``binary``, see ``io.sparkps.bridge.PackedRows``): Spark's Arrow writer copies one
-    byte array per row instead of walking an array<double> element by element. The
-    fallback, ``array<double>``, is still 6-10x faster to hand over than VectorUDT structs
-    (measured: 262k x 24 dense rows, ~2.5 s vs ~25 s per partition on a loaded 2-core
-    machine); a dense vector's ``values`` field is that array already: taking it is a
-    projection, about half the cost of ``vector_to_array`` (measured 1.1-1.7 s vs 2.3-3.4 s
-    per 131k-row partition, same loaded machine); only sparse rows go through the UDF."""
+    """The rows with vectors as one float64 row each (:func:`spark_ps.ml.base.densified`):
+    workers densify every row anyway, and Spark hands flat rows to Arrow 6-10x faster than
+    VectorUDT structs (measured: 262k x 24 dense rows, ~2.5 s vs ~25 s per partition on a
+    loaded 2-core machine)."""
     if data.features_kind != "vector":
         return data.df
-    col = data.features_col
-    if ROWS != "arrays":
-        try:
-            return _jvm.packed_rows(data.df, _quote(col), col)
-        except RuntimeError:
-            if ROWS == "packed":
-                raise
-            log.debug("GBT rows as array<double>: the JVM bridge is not available")
-    vec = F.col(_quote(col))
-    struct = F.unwrap_udt(vec)
-    null = F.lit(None).cast("array<double>")  # vector_to_array fails on null: the read refuses it
-    dense = F.when(vec.isNull(), null).when(struct.getField("type") == 1, struct.getField("values"))
-    return data.df.withColumn(col, dense.otherwise(vector_to_array(vec, "float64")))
+    return densified(data.df, data.features_col, ROWS)
 
 
 def train_gbt(
