@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -38,10 +42,53 @@ def _builder(master: str, app: str):
     )
 
 
+def _launch_report() -> str:
+    """What spark-submit itself prints, plus disk and memory: pyspark's JAVA_GATEWAY_EXITED
+    says only that the JVM died, and the JVM's own words land in one test's captured output."""
+    home = os.environ["SPARK_HOME"]
+    try:
+        done = subprocess.run(
+            [os.path.join(home, "bin", "spark-submit"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        said = f"exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        said = repr(exc)
+    free = shutil.disk_usage(tempfile.gettempdir()).free >> 20
+    with open("/proc/meminfo") as f:
+        avail = next((line.strip() for line in f if line.startswith("MemAvailable")), "?")
+    return f"SPARK_HOME={home}; {free} MiB free in {tempfile.gettempdir()}; {avail}\n{said}"
+
+
+def _session(master: str, app: str):
+    """Start a session; a JVM that dies at launch is tried once more, and its report is kept."""
+    from pyspark.errors import PySparkRuntimeError
+
+    try:
+        return _builder(master, app).getOrCreate()
+    except PySparkRuntimeError as exc:
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        first = _launch_report()
+    print(
+        f"spark-ps tests: Spark's JVM exited at launch; trying once more.\n{first}", file=sys.stderr
+    )
+    time.sleep(2)
+    try:
+        return _builder(master, app).getOrCreate()
+    except PySparkRuntimeError as exc:
+        raise RuntimeError(
+            f"Spark's JVM exited at launch twice.\nFirst: {first}\nThen: {_launch_report()}"
+        ) from exc
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A real local[2] SparkSession (tasks may retry), shared by the run, stopped at its end."""
-    session = _builder("local[2, 4]", "spark-ps-tests").getOrCreate()  # 4 attempts per task
+    session = _session("local[2, 4]", "spark-ps-tests")  # 4 attempts per task
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -476,7 +476,7 @@ def test_model_save_load_round_trip_is_exact(tmp_path, data, mllib_model):
         ours.save(path)
 
 
-def test_sparse_model_and_estimator_round_trip(tmp_path):
+def test_sparse_model_and_estimator_round_trip(spark, tmp_path):
     keys = np.array([1, 5, (1 << 35) + 2], dtype=np.int64)
     values = np.array([0.1, -1e-300, np.pi])
     model = LogisticRegressionModel.fromCoefficients(
