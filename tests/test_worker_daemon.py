@@ -27,3 +27,51 @@ def test_workers_fork_from_the_preloaded_daemon(spark, spark_ps):
     assert conf.get("spark.python.daemon.module") == MODULE
     got = spark.sparkContext.parallelize([0, 1], 2).flatMap(probe).collect()
     assert got == [(True, True), (True, True)]
+
+
+_FORKED_READ = """
+import gc, json, os, sys
+import pyarrow as pa
+from spark_ps.worker_daemon import preload
+
+preload()
+frozen = gc.get_freeze_count()
+with pa.ipc.open_stream(open(sys.argv[1], "rb").read()) as reader:
+    batches = list(reader)
+r, w = os.pipe()
+if os.fork() == 0:  # a worker, as pyspark.daemon forks it
+    from spark_ps.data import read_partition
+
+    before = set(sys.modules)
+    read = read_partition(batches, "features", label_col="label", dense_matrix=True)
+    new = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings"))
+    os.write(w, json.dumps([new, read.n_rows, read.num_features]).encode())
+    os._exit(0)
+os.close(w)
+print(json.dumps({"frozen": frozen, "child": json.loads(os.read(r, 1 << 20))}))
+"""
+
+
+def test_a_forked_worker_reads_its_rows_without_importing(tmp_path):
+    """The daemon's preload leaves nothing for a worker's first read to import: pyarrow's
+    first ``to_numpy`` imports its compute module and pandas (~0.5 s per fresh worker)."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pyarrow as pa
+
+    X = np.arange(12.0).reshape(4, 3)
+    packed = pa.array([row.tobytes() for row in X], pa.binary())
+    batch = pa.record_batch([packed, pa.array([0.0, 1.0, 1.0, 0.0])], ["features", "label"])
+    path = tmp_path / "rows.arrow"
+    with pa.ipc.new_stream(str(path), batch.schema) as out:
+        out.write_batch(batch)
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_READ, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["child"] == [[], 4, 3]  # read every row, imported nothing
+    assert got["frozen"] > 0  # the preloaded heap is out of the children's collections
