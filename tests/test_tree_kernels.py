@@ -160,7 +160,7 @@ def test_bin_pass_equals_numpy_searchsorted(n_thr, dtype):
     X[60:70] = np.inf
     X[70:80] = -np.inf
     X[80:90] = -0.0  # equal to 0.0, as numpy compares
-    thresholds[1][0] = 0.0
+    thresholds[1][np.argmin(np.abs(thresholds[1]))] = 0.0  # still sorted
     got = K.bin_pass(np.ascontiguousarray(X), thresholds, dtype)
     want = np.stack([np.searchsorted(t, X[:, j], side="left") for j, t in enumerate(thresholds)], 1)
     assert got.dtype == dtype and got.flags.c_contiguous
@@ -172,3 +172,10 @@ def test_bin_pass_equals_numpy_searchsorted(n_thr, dtype):
         b = bin_matrix(X, thresholds, order=order)
         assert getattr(b.flags, flag) and b.dtype == dtype
         np.testing.assert_array_equal(b, want)
+
+
+def test_bin_matrix_refuses_unsorted_thresholds():
+    from spark_ps.ml.tree.binning import bin_matrix
+
+    with pytest.raises(ValueError, match="thresholds of feature 1 are not in ascending order"):
+        bin_matrix(np.zeros((3, 2)), [np.array([0.0, 1.0]), np.array([2.0, 1.0])])

@@ -288,6 +288,9 @@ def bin_matrix(X: np.ndarray, thresholds: list[np.ndarray], order: str = "F") ->
         raise ValueError(f"{n_bins} bins do not fit uint16; lower maxBins")
     dtype = np.uint8 if n_bins <= 256 else np.uint16
     thresholds = [np.asarray(t, dtype=np.float64) for t in thresholds]
+    for j, t in enumerate(thresholds):  # a binary search and a count agree only on these
+        if (np.diff(t) < 0).any():
+            raise ValueError(f"the thresholds of feature {j} are not in ascending order")
     if kernels.HAVE_JIT and not any(np.isnan(t).any() for t in thresholds):
         out = kernels.bin_pass(X, thresholds, dtype)  # C order
         return out if order == "C" else np.asfortranarray(out)
