@@ -166,3 +166,25 @@ def test_without_a_check_job_the_workers_refusal_is_the_error(spark_ps, data):
     est = GBTClassifier(maxIter=1, maxDepth=2)
     with pytest.raises(ValueError, match=r"partition \d: GBT classification needs labels 0 or 1"):
         train_gbt(est._prepare(bad), est._params_dict())
+
+
+def test_the_driver_state_snapshot_is_a_copy_later_trees_leave_alone():
+    """A tree boundary keeps the driver's state for a rollback: later trees must not change
+    the copy, and the trees read so far are shared, not copied again at every boundary."""
+    from spark_ps.ml.gbt.distributed import _snapshot
+
+    tree = {"feature": [0, -1, -1], "threshold": [0.5, 0.0, 0.0]}
+    state = {"thresholds": [[0.5]], "loss": "logistic", "trees": [tree], "weights": [1.0]}
+    state["validation_loss"] = [0.6]
+    kept = _snapshot(state)
+    state["trees"].append(dict(tree))
+    state["weights"].append(0.1)
+    state["validation_loss"].append(0.5)
+    assert kept == {
+        "thresholds": [[0.5]],
+        "loss": "logistic",
+        "trees": [tree],
+        "weights": [1.0],
+        "validation_loss": [0.6],
+    }
+    assert kept["trees"][0] is tree

@@ -54,9 +54,17 @@ class FitRecovery:
     """
 
     def __init__(
-        self, job: PSJob, interval: int, *, ps_state: bool, what: str, watch: bool = True
+        self,
+        job: PSJob,
+        interval: int,
+        *,
+        ps_state: bool,
+        what: str,
+        watch: bool = True,
+        snapshot: Callable[[dict], dict] = copy.deepcopy,
     ) -> None:
         self.job, self.ps, self.what = job, job.ps, what
+        self._snapshot = snapshot  # a copy of the driver's state that later steps don't change
         self.uri = getattr(self.ps, "checkpoint_dir", "") or ""
         self.interval, self.ps_state = int(interval), ps_state
         self.restores = 0
@@ -75,7 +83,7 @@ class FitRecovery:
         self.job.check_shards()
         self.iteration = iteration
         if not self.ps_state:
-            self.last = (iteration, copy.deepcopy(state()))
+            self.last = (iteration, self._snapshot(state()))
         requested = self.ps.take_checkpoint_request(self.uri)
         due = self.enabled and iteration != self.saved and iteration % self.interval == 0
         if not (due or requested) or not self.uri:
@@ -138,7 +146,7 @@ class FitRecovery:
                 raise RuntimeError(
                     f"{self.what}: a shard restarted before the first tree"
                 ) from cause
-            iteration, state = self.last[0], copy.deepcopy(self.last[1])
+            iteration, state = self.last[0], self._snapshot(self.last[1])
             where = "its last tree boundary"
         self.job.restarts = restarts
         lost = max(self.iteration - iteration, 0)

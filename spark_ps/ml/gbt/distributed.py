@@ -57,6 +57,14 @@ def _posted(state: dict, topic: str) -> dict:
     return out
 
 
+def _snapshot(state: dict) -> dict:
+    """A copy of the driver's state that later trees leave as it is, in O(trees): its lists
+    only grow and their items (trees as read from the board, weights, losses) are never
+    changed, so they are shared. A deep copy at every tree was O(trees^2): 2.8 s of driver
+    CPU over 100 depth-6 trees (measured), on the cores the workers use."""
+    return {k: list(v) if isinstance(v, list) else v for k, v in state.items()}
+
+
 def _thresholds(job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p) -> list:
     """Merge every partition's value summary on the PS, then MLlib's split candidates."""
     max_bins = min(p.maxBins, n_rows)
@@ -206,7 +214,9 @@ def train_gbt(
         name=f"{type(loss).__name__[1:]} GBT(maxIter={p.maxIter})",
     ) as job:
         interval = params.get("checkpointInterval", -1)
-        recovery = FitRecovery(job, interval, ps_state=False, what=job.name, watch=False)
+        recovery = FitRecovery(
+            job, interval, ps_state=False, what=job.name, watch=False, snapshot=_snapshot
+        )
         ps.fit_started(recovery)
         try:
             try:
