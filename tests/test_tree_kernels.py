@@ -179,3 +179,23 @@ def test_bin_matrix_refuses_unsorted_thresholds():
 
     with pytest.raises(ValueError, match="thresholds of feature 1 are not in ascending order"):
         bin_matrix(np.zeros((3, 2)), [np.array([0.0, 1.0]), np.array([2.0, 1.0])])
+
+
+def test_row_ids_pass_equals_the_numpy_hash(monkeypatch):
+    """GBT's partition-independent row ids: the compiled pass hashes the same bits (NaN, -0.0
+    and inf included) to the same ids as the column-by-column numpy chain."""
+    from spark_ps.ml.gbt import rounds
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3000, 7))
+    X[::7, 2], X[::11, 3], X[::13, 4] = np.nan, -0.0, np.inf
+    y = rng.integers(0, 2, 3000).astype(float)
+    w = rng.uniform(0.5, 2.0, 3000)
+    got = K.row_ids_pass(X, y, w)
+    monkeypatch.setattr(K, "HAVE_JIT", False)
+    want = rounds._row_ids(X, y, w)
+    assert got.dtype == want.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+    assert np.unique(got).size == got.size
+    X[0, 3] = 0.0 if X[0, 3] != 0.0 else 1.0  # one feature of one row: another id
+    assert K.row_ids_pass(X, y, w)[0] != got[0]

@@ -19,6 +19,7 @@ from ps_server.keys import mix64
 from spark_ps.data import read_partition
 from spark_ps.ml._job import WorkerContext, _latest
 from spark_ps.ml.gbt.boost_worker import boost, tree_topic
+from spark_ps.ml.tree import kernels
 from spark_ps.ml.tree.binning import bin_matrix, summarize
 from spark_ps.ml.tree.kernels import warm_up
 from spark_ps.ml.tree.loss import get_loss, remap_labels
@@ -33,6 +34,8 @@ _KEY_MASK = np.uint64((1 << 63) - 1)
 
 def _row_ids(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """A partition-independent id per row: a hash of its content."""
+    if kernels.HAVE_JIT:
+        return kernels.row_ids_pass(X, y, w)
     h = mix64(np.ascontiguousarray(y).view(np.int64))
     for col in (*X.T, w):
         h = mix64((h ^ np.ascontiguousarray(col).view(np.uint64)).view(np.int64))

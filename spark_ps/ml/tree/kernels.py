@@ -25,6 +25,7 @@ __all__ = [
     "node_histogram_pass",
     "quantize_pass",
     "route_pass",
+    "row_ids_pass",
     "warm_up",
 ]
 
@@ -211,6 +212,37 @@ def bin_pass(X: np.ndarray, thresholds: list[np.ndarray], dtype) -> np.ndarray:
     return out
 
 
+@njit(cache=True, nogil=True)
+def _mix(z):
+    """``ps_server.keys.mix64`` of one uint64 word (splitmix64's finalizer)."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+@njit(cache=True, nogil=True)
+def _row_ids(y, X, w, out):
+    for r in range(X.shape[0]):
+        h = _mix(y[r])
+        for j in range(X.shape[1]):
+            h = _mix(h ^ X[r, j])
+        out[r] = _mix(h ^ w[r])
+
+
+def row_ids_pass(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """int64 hash of each row's label, feature and weight bits, chained through ``mix64`` as
+    ``spark_ps.ml.gbt.rounds._row_ids`` does column by column: one pass over the rows
+    instead of ~150 whole-array numpy passes (40-90 ms of a 131k x 24 set-up, measured)."""
+    out = np.empty(X.shape[0], dtype=np.uint64)
+    bits = np.ascontiguousarray(X, dtype=np.float64).view(np.uint64)
+    as_u64 = [np.ascontiguousarray(a, dtype=np.float64).view(np.uint64) for a in (y, w)]
+    _row_ids(as_u64[0], bits, as_u64[1], out)
+    return out.view(np.int64)
+
+
 def _warm() -> None:
     """Call every kernel once with the argument types the workers use (uint8 C-order bins)."""
     bins = np.zeros((2, 1), dtype=np.uint8)
@@ -219,6 +251,7 @@ def _warm() -> None:
     route_pass(bins, i32, i32, i32, i32, i32, np.zeros(2, bool))
     quantize_pass(np.zeros(2), np.ones(2), 0.0, 0, 0)
     bin_pass(np.zeros((2, 1)), [np.zeros(1)], np.uint8)
+    row_ids_pass(np.zeros((2, 1)), np.zeros(2), np.ones(2))
     bin_pass(np.zeros((2, 1)), [np.arange(_COUNT_WIDTH + 1.0)], np.uint8)
 
 
