@@ -7,6 +7,7 @@ against the given CA (for a self-signed cert, the cert itself).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import grpc
@@ -46,22 +47,16 @@ def server_credentials(cert: str, key: str) -> grpc.ServerCredentials | None:
 
 def env_ca() -> bytes | None:
     """The CA a PS process trusts: $SPARK_PS_TLS_CA, else its own cert (self-signed)."""
-    import os
-
     return read_pem(os.environ.get(ENV_CA) or os.environ.get(ENV_CERT, ""))
 
 
 def configured() -> bool:
     """Whether this process's servers listen with TLS ($SPARK_PS_TLS_CERT/KEY set)."""
-    import os
-
     return bool(os.environ.get(ENV_CERT) or os.environ.get(ENV_KEY))
 
 
 def bind(server: grpc.Server, address: str) -> int:
     """Bind `address`, with TLS when $SPARK_PS_TLS_CERT/KEY are set; returns the port."""
-    import os
-
     creds = server_credentials(os.environ.get(ENV_CERT, ""), os.environ.get(ENV_KEY, ""))
     if creds is None:
         return server.add_insecure_port(address)

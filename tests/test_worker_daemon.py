@@ -40,13 +40,15 @@ with pa.ipc.open_stream(open(sys.argv[1], "rb").read()) as reader:
     batches = list(reader)
 r, w = os.pipe()
 if os.fork() == 0:  # a worker, as pyspark.daemon forks it
-    from spark_ps.data import read_partition
+    try:  # a failure writes nothing: the parent then reads an empty answer
+        from spark_ps.data import read_partition
 
-    before = set(sys.modules)
-    read = read_partition(batches, "features", label_col="label", dense_matrix=True)
-    new = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings"))
-    os.write(w, json.dumps([new, read.n_rows, read.num_features]).encode())
-    os._exit(0)
+        before = set(sys.modules)
+        read = read_partition(batches, "features", label_col="label", dense_matrix=True)
+        new = sorted(m for m in set(sys.modules) - before if not m.startswith("encodings"))
+        os.write(w, json.dumps([new, read.n_rows, read.num_features]).encode())
+    finally:
+        os._exit(0)
 os.close(w)
 print(json.dumps({"frozen": frozen, "child": json.loads(os.read(r, 1 << 20))}))
 """
