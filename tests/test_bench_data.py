@@ -154,6 +154,31 @@ def test_time_to_loss_and_configs():
         parse_configs("20-5")
 
 
+def test_gbt_repeat_takes_the_median_of_interleaved_runs(monkeypatch):
+    from types import SimpleNamespace
+
+    import bench.gbt as gbt
+
+    times = {"a": iter([2.0, 3.0, 10.0]), "b": iter([5.0])}
+    order = []
+
+    def fake_run_one(impl, data, trees, depth, args):  # the bench's own loop, not Spark
+        order.append(impl)
+        if impl == "b" and len(order) > 2:
+            return {"impl": impl, "status": "failed: boom"}
+        return {"impl": impl, "status": "ok", "fit s": next(times[impl]), "test AUC": 0.5}
+
+    monkeypatch.setattr(gbt, "run_one", fake_run_one)
+    rows = gbt.run_config(["a", "b"], {}, 20, 5, SimpleNamespace(repeat=3))
+    assert order == ["a", "b", "a", "b", "a"]  # interleaved; a failed impl is not retried
+    a, b = rows
+    assert a["fit s"] == 3.0 and a[gbt.RUNS] == "2 / 3 / 10"  # median: not first, last or mean
+    assert b["status"] == "failed: boom" and "fit s" not in b
+    times["a"] = iter([4.0])
+    single = gbt.run_config(["a"], {}, 20, 5, SimpleNamespace(repeat=1))
+    assert single[0]["fit s"] == 4.0 and gbt.RUNS not in single[0]
+
+
 def test_markdown_table_shape():
     text = markdown_table([{"a": 1.0, "b": "x"}, {"a": None}], ["a", "b"])
     lines = text.splitlines()
