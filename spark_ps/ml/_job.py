@@ -300,22 +300,32 @@ class PSJob:
         # re-run as a whole: the shuffle after the loop is what makes retries possible.
         self._df = df.mapInArrow(fn, _DONE_SCHEMA, barrier=True).repartition(1)
         self._sc = df.sparkSession.sparkContext
+        self._cap_lock, self._uncapped = threading.Lock(), False
         self._thread = threading.Thread(target=self._run, name=f"spark-ps {name}", daemon=True)
 
     def _run(self) -> None:
         self._sc.setJobDescription(f"spark-ps {self.name}: worker loop")
         conf = self._df.sparkSession.conf
-        try:  # read as the job is submitted, for its retries too
-            uncapped = _uncap_arrow_bytes(conf)
-        except Exception:  # noqa: BLE001 - only a speed-up: the job runs capped
-            log.debug("%s: could not lift %s", self.name, _ARROW_BYTES, exc_info=True)
-            uncapped = False
+        with self._cap_lock:
+            try:  # read as the job is planned, for its retries too
+                self._uncapped = _uncap_arrow_bytes(conf)
+            except Exception:  # noqa: BLE001 - only a speed-up: the job runs capped
+                log.debug("%s: could not lift %s", self.name, _ARROW_BYTES, exc_info=True)
         try:
             self.result = self._df.collect()
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
             self.error = e
         finally:
-            if uncapped:
+            self._restore_cap()
+
+    def _restore_cap(self) -> None:
+        """Put the session's Arrow byte cap back, once: as soon as the workers answer a
+        round (Spark read the cap when it planned their job, so the session's other
+        queries need not run uncapped for the rest of the fit), else when the job ends."""
+        with self._cap_lock:
+            if self._uncapped:
+                self._uncapped = False
+                conf = self._df.sparkSession.conf
                 best_effort("restoring " + _ARROW_BYTES, lambda: _recap_arrow_bytes(conf))
 
     def __enter__(self) -> PSJob:
@@ -362,6 +372,8 @@ class PSJob:
                 self.check_shards()  # workers skip a round that a shard restart broke
                 continue
             self.check_shards()
+            if self._uncapped:  # the workers run: their job no longer needs the session's
+                self._restore_cap()
             return out
 
     def shards_moved(self) -> bool:
