@@ -371,7 +371,6 @@ _LOAD_SCRIPT = textwrap.dedent(
 )
 
 
-
 def test_saved_exports_load_with_stock_mllib_in_a_fresh_application(exported):
     d = exported["dir"]
     result = run_script(_LOAD_SCRIPT, str(d))

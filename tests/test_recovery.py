@@ -112,9 +112,7 @@ def test_lr_fit_survives_a_shard_sigkill_and_equals_the_clean_run(spark, ckpt_ps
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("spread", [True, False], ids=["shard-in-use", "idle-shard"])
-def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(
-    spark, ckpt_ps, monkeypatch, spread
-):
+def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(spark, ckpt_ps, monkeypatch, spread):
     """`spread`: every shard finds splits, so the killed shard serves the fit (its workers
     fail and resume); else 5 features need one shard and the killed one only spoils the
     checkpoint being written, which is written again."""
