@@ -187,6 +187,38 @@ def test_feature_stats_sparse_keys_duplicates_and_constants() -> None:
     assert st.count.tolist() == [1, 4, 2]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_row_entries_finds_in_row_duplicates_only(seed: int) -> None:
+    """Keys that drop at a row start (also after empty rows) are fine; a key repeated or
+    dropping inside a row is summed with its row's other entries of that key."""
+    from spark_ps.ml.lr.objective import _row_entries
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(60):
+        k = int(rng.integers(0, 6))  # empty rows too
+        keys = np.sort(rng.choice(50, size=k, replace=False))
+        if k and seed % 2 and rng.random() < 0.2:  # odd seeds: some rows repeat a key
+            keys = np.sort(np.append(keys, keys[int(rng.integers(0, k))]))
+        rows.append(keys)
+    indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+    indices = np.concatenate(rows).astype(np.int64)
+    values = rng.normal(size=indices.size)
+    batch = CSRBatch(indptr, indices, values, 50, np.zeros(len(rows)), None)
+    got_rows, got_idx, got_vals = _row_entries(batch)
+    want = {}
+    for r in range(len(rows)):
+        for p in range(indptr[r], indptr[r + 1]):
+            want[(r, int(indices[p]))] = want.get((r, int(indices[p])), 0.0) + values[p]
+    has_dup = len(want) < indices.size
+    assert (got_rows is None) == (not has_dup)
+    if got_rows is None:
+        got_rows = batch.row_ids()
+    got = {(int(r), int(k)): v for r, k, v in zip(got_rows, got_idx, got_vals, strict=True)}
+    assert got.keys() == want.keys()
+    np.testing.assert_allclose([got[k] for k in want], list(want.values()), rtol=1e-12)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_feature_stats_of_one_hot_data_with_a_few_other_values(weighted: bool) -> None:
     """Mostly 1.0 (hashed one-hot), a few other values: the count-based sums and extremes
