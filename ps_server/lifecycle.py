@@ -16,6 +16,7 @@ from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
 
 __all__ = [
+    "StopSignals",
     "die_with_parent",
     "keep_freed_memory",
     "register_with_coordinator",
@@ -84,17 +85,40 @@ def register_with_coordinator(
                 time.sleep(0.2)
 
 
+class StopSignals:
+    """SIGTERM/SIGINT, recorded without taking a lock; the main loop polls :meth:`__bool__`.
+
+    Why not ``threading.Event.set`` in the handler: Python runs a handler on the main
+    thread between two bytecodes, possibly inside that same Event's lock (in the ``set``
+    a previous signal's handler was running), and the lock is not reentrant. A service
+    orphaned by a SIGKILLed parent was seen stuck exactly so, three handlers deep, its
+    shards alive for good (CI, test_embedded_ps_leaves_no_process_behind[kill]).
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def install(self) -> StopSignals:
+        """Handle SIGTERM and SIGINT from now on (call from the main thread)."""
+        signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame) -> None:
+        self.received.append(signum)  # a list append takes no lock a handler could wait on
+
+    def __bool__(self) -> bool:
+        return bool(self.received)
+
+
 def wait_for_parent_or_stop(server: grpc.Server, stop: threading.Event | None = None) -> None:
     """Serve until SIGTERM/SIGINT, `stop`, or our parent process goes away."""
     stop = stop or threading.Event()
     parent = os.getppid()
-
-    def on_signal(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    while not stop.wait(0.5):
+    signals = StopSignals().install()
+    while not stop.wait(0.2):
+        if signals:
+            break
         if os.getppid() != parent:
             log.info("parent %d is gone; stopping", parent)
             break

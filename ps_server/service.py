@@ -85,6 +85,7 @@ class Service:
         self.max_request_mb, self.shard_memory_mb = max_request_mb, shard_memory_mb
         limit = int(max_request_mb * (1 << 20))
         self.stop_event = threading.Event()
+        self.signals = lifecycle.StopSignals()  # installed by run(): SIGTERM/SIGINT stop us
         self.coordinator = CoordinatorServicer(
             num_shards, on_shutdown=self.stop_event.set, max_request_bytes=limit
         )
@@ -173,7 +174,7 @@ class Service:
         for t in watchers:
             t.start()
         while not self.stop_event.wait(0.2):
-            if os.getppid() != parent:
+            if self.signals or os.getppid() != parent:
                 break
         self.stop_event.set()
         self._close_channels()  # a watcher blocked in Configure gets its error now
@@ -342,8 +343,6 @@ def run(
     shard_memory_mb: float = 0,
 ) -> None:
     """Start, announce readiness on stdout, supervise until told to stop."""
-    import signal
-
     lifecycle.die_with_parent()
     service = Service(
         host,
@@ -356,11 +355,7 @@ def run(
         shard_memory_mb=shard_memory_mb,
     )
 
-    def on_signal(signum, frame):
-        service.stop_event.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    service.signals.install()  # polled by supervise(): a handler must take no lock
     service.start()
     print(f"{READY_PREFIX}{service.address}", flush=True)
     service.supervise()

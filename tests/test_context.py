@@ -56,6 +56,58 @@ def test_embedded_ps_leaves_no_process_behind(mode):
     assert _gone(pids), f"orphans after {mode}: {pids}"
 
 
+def _calls_of(fn, *args) -> list[str]:
+    """Every Python and C function `fn(*args)` calls, as ``module:name``."""
+    seen: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+        elif event == "c_call":
+            seen.append(
+                f"{getattr(arg, '__module__', None) or type(arg.__self__).__name__}:{arg.__name__}"
+            )
+
+    sys.setprofile(profile)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_stop_signal_handler_takes_no_lock():
+    """A handler runs on the main thread between two bytecodes, possibly inside a lock that
+    thread holds (a previous handler's Event.set was one): it must not take any."""
+    import threading
+
+    from ps_server.lifecycle import StopSignals
+
+    signals = StopSignals()
+    calls = _calls_of(signals.handle, signal.SIGTERM, None)
+    assert not [c for c in calls if "threading" in c or "acquire" in c or "lock" in c], calls
+    assert signals and signals.received == [signal.SIGTERM] and not StopSignals()
+    event = threading.Event()  # what the handlers did before: caught by the same check
+    assert [c for c in _calls_of(event.set) if "acquire" in c or "threading" in c]
+
+
+def test_the_service_and_shards_stop_under_a_storm_of_sigterms():
+    """Hundreds of SIGTERMs at once (each runs the handler again, possibly inside the one
+    before it): the service still stops its shards and exits."""
+    ps = PSContext.getOrCreate(numShards=2)
+    pids = [ps.process.pid] + [h.pid for h in ps.client.health()]
+    try:
+        for _ in range(300):
+            try:
+                os.kill(pids[0], signal.SIGTERM)
+            except ProcessLookupError:
+                break
+        ps.process.wait(timeout=30)
+        assert _gone(pids), f"left alive: {pids}"
+    finally:
+        ps.stop()
+
+
 def test_stopping_spark_context_is_wired_to_the_ps(spark_ps):
     spark, ps = spark_ps
     assert getattr(spark.sparkContext.stop, "_spark_ps", False)
