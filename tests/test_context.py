@@ -91,21 +91,37 @@ def test_a_stop_signal_handler_takes_no_lock():
     assert [c for c in _calls_of(event.set) if "acquire" in c or "threading" in c]
 
 
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from spark_ps import PSContext
+    ps = PSContext.getOrCreate(numShards=2)
+    print(" ".join(map(str, [ps.process.pid] + [h.pid for h in ps.client.health()])), flush=True)
+    time.sleep(120)
+    """
+)
+
+
 def test_the_service_and_shards_stop_under_a_storm_of_sigterms():
     """Hundreds of SIGTERMs at once (each runs the handler again, possibly inside the one
-    before it): the service still stops its shards and exits."""
-    ps = PSContext.getOrCreate(numShards=2)
-    pids = [ps.process.pid] + [h.pid for h in ps.client.health()]
+    before it): the service still stops its shards and exits. Its own PS, in a child that
+    outlives the storm (the session's PS is not touched)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     try:
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert len(pids) == 3
         for _ in range(300):
             try:
                 os.kill(pids[0], signal.SIGTERM)
             except ProcessLookupError:
                 break
-        ps.process.wait(timeout=30)
-        assert _gone(pids), f"left alive: {pids}"
+        assert _gone(pids, timeout=30), f"left alive: {pids}"
+        assert child.poll() is None  # the PS stopped on the signals, not with its parent
     finally:
-        ps.stop()
+        child.kill()
+        child.wait()
 
 
 def test_stopping_spark_context_is_wired_to_the_ps(spark_ps):
