@@ -75,6 +75,15 @@ def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, o
     return -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_row(acc, o, stats, r):
+    """Row `r`'s count and three statistics into the bin cell at flat offset `o`."""
+    acc[o] += 1
+    acc[o + np.uint64(1)] += stats[0, r]
+    acc[o + np.uint64(2)] += stats[1, r]
+    acc[o + np.uint64(3)] += stats[2, r]
+
+
 @njit(cache=True, nogil=True)
 def _hist_all_rows(bins, stats, n_bins, out):
     """Histograms of one slot holding every row (a tree's root), feature by feature; a bad
@@ -95,24 +104,12 @@ def _hist_all_rows(bins, stats, n_bins, out):
             b0 = np.uint64(bins[r, j])
             b1 = np.uint64(bins[r + 1, j])
             top = max(top, max(b0, b1))
-            o0 = b0 * np.uint64(4)
-            o1 = span + b1 * np.uint64(4)
-            acc[o0] += 1
-            acc[o0 + np.uint64(1)] += stats[0, r]
-            acc[o0 + np.uint64(2)] += stats[1, r]
-            acc[o0 + np.uint64(3)] += stats[2, r]
-            acc[o1] += 1
-            acc[o1 + np.uint64(1)] += stats[0, r + 1]
-            acc[o1 + np.uint64(2)] += stats[1, r + 1]
-            acc[o1 + np.uint64(3)] += stats[2, r + 1]
+            _add_row(acc, b0 * np.uint64(4), stats, r)
+            _add_row(acc, span + b1 * np.uint64(4), stats, r + 1)
         if n % 2:
             b0 = np.uint64(bins[n - 1, j])
             top = max(top, b0)
-            o0 = b0 * np.uint64(4)
-            acc[o0] += 1
-            acc[o0 + np.uint64(1)] += stats[0, n - 1]
-            acc[o0 + np.uint64(2)] += stats[1, n - 1]
-            acc[o0 + np.uint64(3)] += stats[2, n - 1]
+            _add_row(acc, b0 * np.uint64(4), stats, n - 1)
         if top >= n_bins:
             return j
         first = np.uint64(j) * np.uint64(n_bins * 4)
