@@ -87,21 +87,24 @@ def test_route_equals_numpy(order):
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 3001])
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
-def test_root_histograms_equal_numpy(n, dtype):
-    """A root without subsampling takes the feature-by-feature pass (uint8 bins), with
-    repeated bins and an odd row count; uint16 bins take the row pass: both are exact."""
-    rng = np.random.default_rng(n)
-    bins = np.minimum(rng.geometric(0.3, (n, 5)) - 1, 15).astype(dtype)  # few distinct bins
+@pytest.mark.parametrize("f", [1, 3, 4, 5, 9])
+def test_root_histograms_equal_numpy(n, dtype, f):
+    """A root without subsampling takes the blocked pass (uint8 bins: four features a sweep,
+    the last block short unless f is a multiple of 4), with repeated bins; uint16 bins take
+    the row pass: both are exact, and a bad bin names its own feature, in any block."""
+    rng = np.random.default_rng(n + 100 * f)
+    bins = np.minimum(rng.geometric(0.3, (n, f)) - 1, 15).astype(dtype)  # few distinct bins
     stats = rng.integers(-(2**40), 2**40, (3, n))
     node, root = np.zeros(n, np.int32), np.zeros(1, np.int32)
     got = H.build_node_histograms(bins, node, root, np.ones(n, bool), stats, 1, 16)
     want = H._numpy_histograms(bins, np.zeros(n, np.int32), stats, 1, 16, None)
     np.testing.assert_array_equal(got, want)
-    assert got[0, :, :, 0].sum() == 5 * n
-    if n:
-        bins[n // 2, 3] = 16  # one bin past the end, in the root pass too
-        with pytest.raises(ValueError, match="feature 3 has bin 16 >= n_bins=16"):
-            H.build_node_histograms(bins, node, root, np.ones(n, bool), stats, 1, 16)
+    assert got[0, :, :, 0].sum() == f * n
+    for j in sorted({f // 2, f - 1}) if n else ():
+        bad = bins.copy()
+        bad[n // 2, j] = 16 + j  # past the end, in the root pass too
+        with pytest.raises(ValueError, match=f"feature {j} has bin {16 + j} >= n_bins=16"):
+            H.build_node_histograms(bad, node, root, np.ones(n, bool), stats, 1, 16)
 
 
 def test_node_histograms_equal_slot_histograms():
