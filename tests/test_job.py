@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -67,3 +69,48 @@ def test_one_job_serves_many_rounds_and_retry_replaces(spark_ps, tmp_path):
             np.testing.assert_array_equal(g.pull(), _reference(rows))
     assert os.path.exists(marker)  # the failure really happened
     assert job.result is not None and sum(r.rows for r in job.result) == 200
+
+
+def _fail_always(ctx, round_, cmd):
+    """Partition 0 fails in every launch, leaving a file behind each time."""
+    if ctx.part == 0:
+        tempfile.mkstemp(prefix="launch-", dir=cmd["dir"])
+        raise RuntimeError("injected failure in every launch")
+    ctx.contribute(round_, [0.0])
+
+
+def _block(ctx, round_, cmd):
+    """Every partition says it runs the command, then waits until its job is cancelled."""
+    tempfile.mkstemp(prefix="running-", dir=cmd["dir"])
+    time.sleep(120)
+
+
+@pytest.mark.slow
+def test_a_task_failing_in_every_launch_fails_the_fit_after_sparks_stage_limit(spark_ps, tmp_path):
+    """A failed task ends the barrier job and the driver launches it again, as often as
+    Spark would re-run a failed stage (spark.stage.maxConsecutiveAttempts, 4), then the
+    task's own error reaches the caller."""
+    spark, ps = spark_ps
+    df = partitions_for(_data(spark)[0], 2)
+    with pytest.raises(RuntimeError, match="injected failure in every launch"):
+        with PSJob(ps, df, 2, _setup, {"fail": _fail_always}, "test-fail") as job:
+            job.call("fail", dir=str(tmp_path))
+    assert len(os.listdir(tmp_path)) == 4  # one per launch
+    assert job.error is not None and job.result is None
+
+
+@pytest.mark.slow
+def test_a_cancelled_worker_job_is_not_launched_again(spark_ps, tmp_path):
+    spark, ps = spark_ps
+    df = partitions_for(_data(spark)[0], 2)
+    with pytest.raises(RuntimeError, match="(?s)worker job failed.*SPARK_JOB_CANCELLED"):
+        with PSJob(ps, df, 2, _setup, {"block": _block}, "test-cancel") as job:
+            r = job.command("block", dir=str(tmp_path))
+            while len(os.listdir(tmp_path)) < 2:  # both tasks are inside the command
+                job._check()
+                time.sleep(0.05)
+            spark.sparkContext.cancelAllJobs()
+            job._thread.join(timeout=60)  # a relaunch would block in the command again
+            assert not job._thread.is_alive(), "the cancelled job was launched again"
+            job.collect(r)
+    assert len(os.listdir(tmp_path)) == 2  # no task ran the command again

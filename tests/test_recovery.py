@@ -132,7 +132,7 @@ def test_gbt_fit_survives_a_shard_sigkill_with_identical_trees(spark, ckpt_ps, m
     restarted = gbt.fit(df)
     assert killed
     after = {k: v - before.get(k, 0) for k, v in ckpt_ps.metrics().items()}
-    assert after["restart"] == 1  # the retried barrier stage resumed from the trees read
+    assert after["restart"] == 1  # the relaunched workers resumed from the trees read
     assert after["checkpoint"] >= 2  # at trees 2 and 4
     assert restarted.toDebugString.split("\n", 1)[1] == clean.toDebugString.split("\n", 1)[1]
     np.testing.assert_array_equal(restarted.treeWeights, clean.treeWeights)
@@ -265,7 +265,7 @@ print("RESULT " + json.dumps(result))
 @pytest.mark.timeout(600)
 def test_gbt_fit_survives_a_sigkilled_executor_jvm_with_identical_trees(tmp_path):
     """local-cluster[2,1,1024]: a worker task SIGKILLs its own executor JVM in the middle of
-    a tree; Spark reruns the barrier stage on a new executor, the retried tasks rebuild
+    a tree; the driver relaunches the barrier job on a new executor, the new tasks rebuild
     their memory from the posted state, and the trees equal the clean run's."""
 
     job = tmp_path / "job.py"

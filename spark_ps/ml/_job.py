@@ -8,10 +8,11 @@ command by pushing its share to the PS as the exactly-once contribution of
 scalars of all partitions and reduces the PS tensors. No Spark job per iteration,
 no gradient through the driver.
 
-If Spark retries the barrier stage (a task failed, an executor died), the new
-attempts re-read their partitions, wait for the latest posted command and answer
-it again; their contributions *replace* the earlier attempt's, so a retry leaves
-the model exactly as a clean run would.
+If a task fails or an executor dies, Spark aborts the barrier job and the driver launches
+it again (up to ``spark.stage.maxConsecutiveAttempts`` launches, Spark's own limit for a
+failed stage): the new tasks re-read their partitions, wait for the latest posted command
+and answer it again; their contributions *replace* the earlier attempt's, so a retry
+leaves the model exactly as a clean run would.
 
 If a PS shard restarts (its state is a checkpoint's, or empty: not a promotion of a
 replica), the shard map's restart count moves: `collect` raises
@@ -49,6 +50,26 @@ __all__ = [
 log = logging.getLogger("spark_ps.job")
 
 _DONE_SCHEMA = "partition long, rows long"
+_MAX_LAUNCHES = "spark.stage.maxConsecutiveAttempts"
+#: How Spark words the abort of a barrier result stage whose task failed (or whose
+#: executor died): the one failure a relaunch answers. A cancelled job or a stopped
+#: SparkContext is not relaunched.
+_BARRIER_ABORT = "Could not recover from a failed barrier ResultStage"
+
+
+def _max_launches(sc) -> int:
+    """How many times a fit launches its worker job: Spark's limit for a failed stage."""
+    try:
+        return max(1, int(sc._jsc.sc().conf().get(_MAX_LAUNCHES, "4")))
+    except Exception:  # noqa: BLE001 - an unreadable setting: Spark's default
+        return 4
+
+
+def _task_failed(e: BaseException) -> bool:
+    """Did the worker job end because Spark aborted its failed barrier stage?"""
+    return _BARRIER_ABORT in str(e)
+
+
 _TENSORS: dict = {}
 
 #: Below Int.MaxValue (the default is 64 MB), Spark 4 sizes the Arrow batch it is writing
@@ -296,10 +317,12 @@ class PSJob:
         fn = run_worker_loop(
             ps.address, ps.token, self.topic, setup, handlers, getattr(ps, "tls_ca", None)
         )
-        # A failed barrier *result* stage aborts the job, but a barrier shuffle-map stage is
-        # re-run as a whole: the shuffle after the loop is what makes retries possible.
-        self._df = df.mapInArrow(fn, _DONE_SCHEMA, barrier=True).repartition(1)
+        # One barrier result stage, relaunched by `_run` when it fails: Spark aborts a failed
+        # barrier result stage where it re-runs a shuffle-map one, but the shuffle that made
+        # it one cost every fit a second stage, ~0.1 s at the end (measured).
+        self._df = df.mapInArrow(fn, _DONE_SCHEMA, barrier=True)
         self._sc = df.sparkSession.sparkContext
+        self._stopping = False
         self._cap_lock, self._uncapped = threading.Lock(), False
         self._thread = threading.Thread(target=self._run, name=f"spark-ps {name}", daemon=True)
 
@@ -311,10 +334,24 @@ class PSJob:
                 self._uncapped = _uncap_arrow_bytes(conf)
             except Exception:  # noqa: BLE001 - only a speed-up: the job runs capped
                 log.debug("%s: could not lift %s", self.name, _ARROW_BYTES, exc_info=True)
+        launches = _max_launches(self._sc)
         try:
-            self.result = self._df.collect()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            self.error = e
+            for launch in range(1, launches + 1):
+                try:
+                    self.result = self._df.collect()
+                    return
+                except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                    if self._stopping or launch == launches or not _task_failed(e):
+                        self.error = e
+                        return
+                    why = str(e)[str(e).find(_BARRIER_ABORT) :][:400]
+                    log.warning(
+                        "spark-ps %s: launching the workers again (%d of %d): %s",
+                        self.name,
+                        launch + 1,
+                        launches,
+                        why,
+                    )
         finally:
             self._restore_cap()
 
@@ -417,6 +454,7 @@ class PSJob:
             raise RuntimeError(f"spark-ps {self.name}: the worker job ended early")
 
     def stop(self, raise_errors: bool = True) -> None:
+        self._stopping = True  # a failure from here on ends the job: no relaunch
         self.command("stop")
         self._thread.join(timeout=120)
         if raise_errors and self.error is not None:

@@ -49,8 +49,8 @@ class FitRecovery:
     `ps_state`: the fit's model lives on the PS between boundaries (LR), so a rollback
     needs a checkpoint; otherwise the last boundary's driver state is enough.
     `watch=False`: only checkpoint at boundaries, never roll back (GBT: its workers grow
-    trees on their own, so a shard restart fails their rendezvous, Spark retries the
-    barrier stage and the retried tasks resume from the trees the driver has read).
+    trees on their own, so a shard restart fails their rendezvous, the driver relaunches
+    the barrier job and the new tasks resume from the trees the driver has read).
     """
 
     def __init__(

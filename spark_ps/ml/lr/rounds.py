@@ -41,16 +41,16 @@ def _executor_id() -> str:
 class _Clock:
     """This worker's SSP clock for one epoch: one tick per mini-batch pushed.
 
-    The group is per (fit, epoch, barrier-stage attempt), so a retried stage starts a
+    The group is per (fit, epoch, launch of the barrier job), so a relaunch starts a
     fresh table; the worker id carries the executor id when known, so a lost executor's
     workers are removed by the JVM listener and stop holding the others back.
     """
 
     def __init__(self, ctx: WorkerContext, round_: int, cmd: dict):
-        if "ssp_attempt" not in ctx.state:  # fresh in every attempt of the barrier stage
+        if "ssp_attempt" not in ctx.state:  # fresh in every launch of the barrier job
             from pyspark import BarrierTaskContext
 
-            tc = BarrierTaskContext.get()  # the tasks agree on an id of this stage attempt
+            tc = BarrierTaskContext.get()  # the tasks agree on an id of this launch
             ctx.state["ssp_attempt"] = min(map(int, tc.allGather(str(tc.taskAttemptId()))))
         attempt = ctx.state["ssp_attempt"]
         self.client, self.staleness = ctx.client, int(cmd["staleness"])
