@@ -221,3 +221,34 @@ def test_row_ids_pass_equals_the_numpy_hash(monkeypatch):
     assert np.unique(got).size == got.size
     X[0, 3] = 0.0 if X[0, 3] != 0.0 else 1.0  # one feature of one row: another id
     assert K.row_ids_pass(X, y, w)[0] != got[0]
+
+
+def test_logistic_pass_gives_targets_bounds_and_error_in_one_pass():
+    """GBT's per-tree LogLoss pass: targets are -gradient bit for bit (trees do not change),
+    min and max are the targets', and the weighted error is LogLoss.error's to rounding,
+    at margins where exp overflows or underflows too."""
+    from spark_ps.ml.tree.loss import LogLoss
+
+    rng = np.random.default_rng(6)
+    y = np.where(rng.random(5000) < 0.3, 1.0, -1.0)
+    pred = rng.normal(0.0, 2.0, 5000)
+    pred[:8] = [0.0, -0.0, 400.0, -400.0, 800.0, -800.0, 1e-300, 20.0]
+    w = rng.uniform(0.0, 3.0, 5000)
+    targets, lo, hi, err = K.logistic_pass(pred, y, w)
+    want = -LogLoss.gradient(pred, y)
+    np.testing.assert_array_equal(targets, want)
+    assert (lo, hi) == (want.min(), want.max())
+    want_err = float(np.dot(LogLoss.error(pred, y), w))
+    assert np.isfinite(err) and err == pytest.approx(want_err, rel=1e-12)
+    t0, lo0, hi0, err0 = K.logistic_pass(np.zeros(0), np.zeros(0), np.zeros(0))
+    assert t0.shape == (0,) and (lo0, hi0, err0) == (np.inf, -np.inf, 0.0)
+
+
+def test_add_leaf_values_is_numpys_update_in_place():
+    rng = np.random.default_rng(7)
+    pred = rng.normal(size=3000)
+    node = rng.integers(0, 9, 3000).astype(np.int32)
+    values = rng.normal(size=9)
+    want = pred + values[node] * 0.1
+    K.add_leaf_values(pred, node, values, 0.1)
+    np.testing.assert_array_equal(pred, want)

@@ -33,6 +33,7 @@ from ps_server.functions.gbt import merge_best
 from ps_server.functions.gbt_layer import decode_splits
 from ps_server.keys import range_bounds
 from spark_ps.ml._job import WorkerContext
+from spark_ps.ml.tree import kernels
 from spark_ps.ml.tree.binning import row_uniform
 from spark_ps.ml.tree.histogram import (
     FixedPointScale,
@@ -42,11 +43,13 @@ from spark_ps.ml.tree.histogram import (
     unit_weight,
 )
 from spark_ps.ml.tree.local import TreeBuilder, features_per_node, route_rows
+from spark_ps.ml.tree.loss import LogLoss
 
 __all__ = [
     "boost",
     "compute_targets",
     "early_stop",
+    "targets_and_losses",
     "CELLS_PER_SHARD",
     "layer_shards",
     "route",
@@ -148,6 +151,21 @@ def _losses(s: dict) -> list[float]:
         verr = float(np.dot(s["loss"].error(s["vpred"], s["vlabels"]), s["wv"]))
         out[2:] = [verr, float(s["wv"].sum())]
     return out
+
+
+def targets_and_losses(s: dict, tree: int) -> tuple[float, float, list[float]]:
+    """Tree `tree`'s targets (:func:`compute_targets`), their min and max, and the losses
+    of the trees so far (:func:`_losses`); LogLoss in one compiled pass when it can."""
+    if tree > 0 and s["loss"] is LogLoss and kernels.HAVE_JIT:
+        s["targets"], lo, hi, err = kernels.logistic_pass(s["pred"], s["labels"], s["w"])
+        losses = [err, float(s["w"].sum()), 0.0, 0.0]
+        if s["vbins"] is not None:
+            verr = kernels.logistic_pass(s["vpred"], s["vlabels"], s["wv"])[3]
+            losses[2:] = [verr, float(s["wv"].sum())]
+        return lo, hi, losses
+    t = compute_targets(s, tree)
+    lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)
+    return lo, hi, _losses(s)
 
 
 def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, plan, kw):
@@ -282,6 +300,11 @@ def _finish_tree(s: dict, builder: TreeBuilder, tw: float) -> None:
     """Rows to their leaves; predictions += tree weight * leaf value."""
     route(s, builder.routing())
     values = builder.node_values()
+    if kernels.HAVE_JIT:  # in place (routing left every row in one of the tree's nodes)
+        kernels.add_leaf_values(s["pred"], s["node"], values, tw)
+        if s["vbins"] is not None:
+            kernels.add_leaf_values(s["vpred"], s["vnode"], values, tw)
+        return
     s["pred"] = s["pred"] + values[s["node"]] * tw
     if s["vbins"] is not None:
         s["vpred"] = s["vpred"] + values[s["vnode"]] * tw
@@ -309,9 +332,7 @@ def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> N
     m, built = s["n_trees"], None
     while True:
         with _timed(s, "targets"):
-            t = compute_targets(s, m)
-            lo, hi = (float(t.min()), float(t.max())) if t.size else (np.inf, -np.inf)
-            losses = _losses(s)
+            lo, hi, losses = targets_and_losses(s, m)
         g = _gather(ctx, cmd, m, [-lo, hi, *losses])
         if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
             return

@@ -1,10 +1,11 @@
-"""Compiled per-layer kernels of the tree workers: histogram pass and row routing.
+"""Compiled kernels of the tree workers: histograms, routing, binning, the loss pass.
 
 Why compiled: a layer touches every (row, feature) cell once. In numpy that is one
 ``np.add.at`` per feature and statistic (a scatter-add numpy runs element by element), about
 half of a tree's time; a numba loop over rows does the same work in one pass over memory.
 The kernels only add int64 fixed-point statistics (see :mod:`spark_ps.ml.tree.histogram`),
-so their sums are exact and equal to the numpy path's bit for bit, whatever the order.
+so their sums are exact and equal to the numpy path's bit for bit, whatever the order
+(the loss pass's error is the one float sum: see :func:`logistic_pass`).
 
 Compile cost: numba compiles on first call, ~1-2 s per signature; ``cache=True`` keeps the
 machine code on disk (next to this file, else in numba's per-user cache dir, or
@@ -21,7 +22,9 @@ import numpy as np
 
 __all__ = [
     "HAVE_JIT",
+    "add_leaf_values",
     "bin_pass",
+    "logistic_pass",
     "node_histogram_pass",
     "quantize_pass",
     "route_pass",
@@ -230,6 +233,52 @@ def quantize_pass(
 
 
 @njit(cache=True, nogil=True)
+def _logistic_rows(pred, labels, weights, targets):
+    lo, hi, err = np.inf, -np.inf, 0.0
+    for r in range(pred.shape[0]):
+        y = labels[r]
+        m = 2.0 * y * pred[r]
+        e = np.exp(m)
+        t = 4.0 * y / (1.0 + e)  # -LogLoss.gradient, bit for bit
+        targets[r] = t
+        lo = min(lo, t)
+        hi = max(hi, t)
+        z = e if m < 0.0 else 1.0 / e  # exp(-|m|), from the same exp
+        err += weights[r] * (2.0 * (max(-m, 0.0) + np.log1p(z)))
+    return lo, hi, err
+
+
+def logistic_pass(
+    pred: np.ndarray, labels: np.ndarray, weights: np.ndarray
+) -> tuple[np.ndarray, float, float, float]:
+    """LogLoss's pseudo-residuals of margins `pred` (labels +-1), their min and max, and the
+    weighted error sum, in one pass: (targets, min, max, sum w * error).
+
+    Why: numpy took ~5 ms a tree for 131k rows, in three exps, a log1p and a dozen
+    temporaries; here one exp serves both. The targets equal ``-LogLoss.gradient`` bit for
+    bit (the same libm exp); the error uses ``1/exp(m)`` for ``exp(-m)``, so it may differ
+    from ``LogLoss.error`` in its last bit. An empty input gives min inf and max -inf."""
+    pred, labels, weights = (np.ascontiguousarray(a, np.float64) for a in (pred, labels, weights))
+    targets = np.empty(pred.shape[0], dtype=np.float64)
+    lo, hi, err = _logistic_rows(pred, labels, weights, targets)
+    return targets, lo, hi, err
+
+
+@njit(cache=True, nogil=True)
+def _add_leaf_values(pred, node_of_row, values, weight):
+    for r in range(pred.shape[0]):
+        pred[r] += values[node_of_row[r]] * weight
+
+
+def add_leaf_values(
+    pred: np.ndarray, node_of_row: np.ndarray, values: np.ndarray, weight: float
+) -> None:
+    """``pred += values[node_of_row] * weight`` in place, without numpy's two temporaries
+    (the same bits). Callers have checked that every node indexes `values`."""
+    _add_leaf_values(pred, node_of_row, values, float(weight))
+
+
+@njit(cache=True, nogil=True)
 def _bin_rows(X, thr, n_thr, out):
     """``searchsorted(thr[j, :n_thr[j]], X[r, j], side="left")`` per cell, row by row; NaN
     sorts after every threshold, as numpy's does."""
@@ -328,6 +377,8 @@ def _warm() -> None:
     quantize_pass(np.zeros(2), np.ones(2), 0.0, 0, 0)
     bin_pass(np.zeros((2, 1)), [np.zeros(1)], np.uint8)
     row_ids_pass(np.zeros((2, 1)), np.zeros(2), np.ones(2))
+    logistic_pass(np.zeros(2), np.ones(2), np.ones(2))
+    add_leaf_values(np.zeros(2), i32, np.zeros(1), 1.0)
     bin_pass(np.zeros((2, 1)), [np.arange(_COUNT_WIDTH + 1.0)], np.uint8)
 
 
