@@ -53,6 +53,7 @@ from pyspark.sql import types as T
 
 from spark_ps import _jvm
 from spark_ps.data import CSRBatch, arrow_to_csr
+from spark_ps.ml._job import num_partitions
 
 __all__ = [
     "feature_checks",
@@ -271,7 +272,7 @@ def prepare_fit_data(
     df = dataset.select(*cols)
     if densify:
         df, kind = densified(df, features_col), "dense"
-    if df.rdd.getNumPartitions() != workers:
+    if num_partitions(df) != workers:
         df = df.repartition(workers)
     return PreparedData(
         df, features_col, label_col, weight_col or None, values_col or None, kind, workers
