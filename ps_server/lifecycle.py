@@ -6,7 +6,6 @@ import ctypes
 import logging
 import os
 import signal
-import threading
 import time
 
 import grpc
@@ -111,14 +110,12 @@ class StopSignals:
         return bool(self.received)
 
 
-def wait_for_parent_or_stop(server: grpc.Server, stop: threading.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT, `stop`, or our parent process goes away."""
-    stop = stop or threading.Event()
+def wait_for_parent_or_stop(server: grpc.Server) -> None:
+    """Serve until SIGTERM/SIGINT or our parent process goes away."""
     parent = os.getppid()
     signals = StopSignals().install()
-    while not stop.wait(0.2):
-        if signals:
-            break
+    while not signals:
+        time.sleep(0.2)
         if os.getppid() != parent:
             log.info("parent %d is gone; stopping", parent)
             break
