@@ -20,6 +20,8 @@ import threading
 
 import numpy as np
 
+from spark_ps.ml.tree.portable_exp import exp_scalar
+
 __all__ = [
     "HAVE_JIT",
     "add_leaf_values",
@@ -232,13 +234,16 @@ def quantize_pass(
     return out
 
 
+_exp = njit(cache=True, nogil=True)(exp_scalar)
+
+
 @njit(cache=True, nogil=True)
 def _logistic_rows(pred, labels, weights, targets):
     lo, hi, err = np.inf, -np.inf, 0.0
     for r in range(pred.shape[0]):
         y = labels[r]
         m = 2.0 * y * pred[r]
-        e = np.exp(m)
+        e = _exp(m)  # LogLoss.gradient's exp: the same bits on every CPU
         t = 4.0 * y / (1.0 + e)  # -LogLoss.gradient, bit for bit
         targets[r] = t
         lo = min(lo, t)
@@ -256,8 +261,9 @@ def logistic_pass(
 
     Why: numpy took ~5 ms a tree for 131k rows, in three exps, a log1p and a dozen
     temporaries; here one exp serves both. The targets equal ``-LogLoss.gradient`` bit for
-    bit (the same libm exp); the error uses ``1/exp(m)`` for ``exp(-m)``, so it may differ
-    from ``LogLoss.error`` in its last bit. An empty input gives min inf and max -inf."""
+    bit on any CPU (both use :mod:`~spark_ps.ml.tree.portable_exp`); the error uses
+    ``1/exp(m)`` for ``exp(-m)``, so it may differ from ``LogLoss.error`` in its last bit.
+    An empty input gives min inf and max -inf."""
     pred, labels, weights = (np.ascontiguousarray(a, np.float64) for a in (pred, labels, weights))
     targets = np.empty(pred.shape[0], dtype=np.float64)
     lo, hi, err = _logistic_rows(pred, labels, weights, targets)
