@@ -1,0 +1,162 @@
+"""Separate hosts on one machine: Linux network namespaces on a bridge.
+
+Each host is a network namespace with its own network stack, loopback and address,
+joined to the root namespace by a veth pair on a bridge; the subnet is private to the
+test and has no route out. A process started on a host (:meth:`Hosts.popen`) binds and
+connects as a separate machine would: its 127.0.0.1 is its own, and other hosts reach it
+only at its address. ``tc`` caps a host's link so that its NIC, not the loopback, is the
+limit (:meth:`Hosts.cap`). Needs root and iproute2; :func:`unavailable` says why not.
+
+Used by the multi-host tests and ``bench/hosts.py``::
+
+    with Hosts(3) as hosts:
+        p = hosts.popen(0, ["python", "-m", "ps_server", ...])
+        hosts.address(0)          # "10.213.x.10"
+        hosts.kill_host(0)        # SIGKILL every process of that host
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+
+__all__ = ["Hosts", "unavailable"]
+
+
+def unavailable() -> str:
+    """Why namespaces cannot be made here ("" when they can)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs as root)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} (iproute2) is not installed"
+    return ""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ip", *args], capture_output=True, text=True, check=check, stdin=subprocess.DEVNULL
+    )
+
+
+class Hosts:
+    """`n` hosts (network namespaces) on a fresh bridge; a context manager that removes
+    them, and kills every process left in them, on exit (also when the body fails)."""
+
+    def __init__(self, n: int, tag: str | None = None):
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        if not 1 <= n <= 200:
+            raise ValueError(f"hosts: n must be in [1, 200], got {n}")
+        # names and subnet unique per process, so parallel runs do not collide
+        self.tag = tag or f"{os.getpid() % 100000}"
+        self.subnet = f"10.213.{os.getpid() % 250 + 1}"
+        self.bridge = f"spsbr{self.tag}"[:15]
+        self.names = [f"sps{self.tag}h{i}" for i in range(n)]
+        self._veths = [f"spv{self.tag}h{i}"[:15] for i in range(n)]
+        self._made: list[str] = []
+        self._bridge_made = False
+
+    # ------------------------------------------------------------------ set-up
+    def __enter__(self) -> Hosts:
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _make(self) -> None:
+        _ip("link", "del", self.bridge, check=False)  # a leftover of a killed run
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self._bridge_made = True
+        _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i, (ns, veth) in enumerate(zip(self.names, self._veths, strict=True)):
+            _ip("netns", "del", ns, check=False)
+            _ip("netns", "add", ns)
+            self._made.append(ns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", veth, "master", self.bridge)
+            _ip("link", "set", veth, "up")
+            _ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    @property
+    def bridge_address(self) -> str:
+        """The root namespace's address on the test subnet (a driver, a client)."""
+        return f"{self.subnet}.1"
+
+    def address(self, i: int) -> str:
+        """Host `i`'s address."""
+        return f"{self.subnet}.{10 + i}"
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # ------------------------------------------------------------------ processes
+    def command(self, i: int, cmd: Sequence[str]) -> list[str]:
+        """`cmd` as run on host `i`."""
+        return ["ip", "netns", "exec", self.names[i], *cmd]
+
+    def popen(self, i: int, cmd: Sequence[str], **kwargs) -> subprocess.Popen:
+        """Start `cmd` on host `i` (Popen keyword arguments as usual)."""
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(self.command(i, cmd), **kwargs)
+
+    def pids(self, i: int) -> list[int]:
+        """Every process living in host `i`'s namespace."""
+        out = _ip("netns", "pids", self.names[i], check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def kill_host(self, i: int, timeout: float = 10.0) -> int:
+        """SIGKILL every process of host `i`, as a machine that loses power; returns how
+        many there were. Its namespace (address, link) stays, for a restart."""
+        deadline = time.monotonic() + timeout
+        killed: set[int] = set()
+        while time.monotonic() < deadline:
+            pids = self.pids(i)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        return len(killed)
+
+    # ------------------------------------------------------------------ links
+    def cap(self, i: int, rate: str = "1gbit", burst: str = "256kb", latency: str = "50ms"):
+        """Cap host `i`'s link at `rate` in both directions (``tc`` token buckets on the
+        root side of its veth pair, and on its eth0 inside the namespace)."""
+        tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
+        subprocess.run(["tc", "qdisc", "replace", "dev", self._veths[i], *tbf], check=True)
+        subprocess.run(
+            ["ip", "netns", "exec", self.names[i], "tc", "qdisc", "replace", "dev", "eth0", *tbf],
+            check=True,
+        )
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Kill what runs on the hosts, then remove namespaces, links and the bridge."""
+        for i in range(len(self._made)):
+            self.kill_host(i)
+        for ns in self._made:
+            _ip("netns", "del", ns, check=False)
+        self._made = []
+        for veth in self._veths:
+            _ip("link", "del", veth, check=False)
+        if self._bridge_made:
+            _ip("link", "del", self.bridge, check=False)
+            self._bridge_made = False
