@@ -253,22 +253,26 @@ class Tensor:
 
     def push(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
         with self.lock, self.growing(keys, "push to"):
-            if op == pb.ADD:
-                self.store.add(keys, values)
-            elif op == pb.SET:
-                self.store.assign(keys, values)
-            elif op == pb.STEP:
-                if self.optimizer is None:
-                    raise RequestError(
-                        "FAILED_PRECONDITION", f"{self.where} has no optimizer; push ADD or SET"
-                    )
-                from ps_server.keys import combine
+            return self._apply(keys, values, op)
 
-                keys, values = combine(keys, values)
-                rows = self.store.locate(keys, create=True)
-                self.optimizer.step(self.store, rows, values)
-            else:
-                raise RequestError("INVALID_ARGUMENT", f"unknown push op {op}")
+    def _apply(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
+        """Apply a checked update (the caller holds `lock` and has passed the budgets)."""
+        if op == pb.ADD:
+            self.store.add(keys, values)
+        elif op == pb.SET:
+            self.store.assign(keys, values)
+        elif op == pb.STEP:
+            if self.optimizer is None:
+                raise RequestError(
+                    "FAILED_PRECONDITION", f"{self.where} has no optimizer; push ADD or SET"
+                )
+            from ps_server.keys import combine
+
+            keys, values = combine(keys, values)
+            rows = self.store.locate(keys, create=True)
+            self.optimizer.step(self.store, rows, values)
+        else:
+            raise RequestError("INVALID_ARGUMENT", f"unknown push op {op}")
         return int(keys.size)
 
     def contribute(
@@ -285,29 +289,31 @@ class Tensor:
         """Apply the combined contributions of `round_` (in part order) and forget them.
 
         `how` = "sum" adds them up, "max" takes the element-wise maximum. Dense tensors
-        accumulate straight into a buffer the size of their slice (no sort).
+        accumulate straight into a buffer the size of their slice (no sort). Atomic: the
+        lock is held from reading the contributions to forgetting them, so no pull sees
+        the model zeroed by `zero_first`, no contribution arrives unseen in between, and
+        a refusal (checked before anything changes) leaves model and round as they were.
         """
         if how not in ("", "sum", "max"):
             raise RequestError("INVALID_ARGUMENT", f"reduce: how={how!r} (sum|max)")
+        if op not in (pb.ADD, pb.SET, pb.STEP):
+            raise RequestError("INVALID_ARGUMENT", f"reduce: unknown push op {op}")
         if op == pb.STEP and self.optimizer is None:
             raise RequestError("FAILED_PRECONDITION", f"{self.where} has no optimizer")
         with self.lock:
             parts = self.contributions.parts(round_)
             entries = self.contributions.entries(round_)
-        if self.spec.kind == "dense":
-            keys, values = self._combine_dense(entries, how)
-        elif how == "max":
-            keys, values = _combine_max(entries, self.spec.cols)
-        else:
-            keys, values = self.contributions.reduce(round_)
-        if keys.size:  # refused before the fill below, so a refusal changes nothing
-            self._check_budget(self.store.growth(keys), self.nbytes, "reduce into")
-        if zero_first:
-            with self.lock:
-                self.store.fill(0.0)
-        if keys.size:
-            self.push(keys, values.astype(self.store.dtype, copy=False), op)
-        with self.lock:
+            if self.spec.kind == "dense":
+                keys, values = self._combine_dense(entries, how)
+            elif how == "max":
+                keys, values = _combine_max(entries, self.spec.cols)
+            else:
+                keys, values = self.contributions.reduce(round_)
+            with self.growing(keys, "reduce into"):
+                if zero_first:
+                    self.store.fill(0.0)
+                if keys.size:
+                    self._apply(keys, values.astype(self.store.dtype, copy=False), op)
             self.contributions.drop_before(round_ + 1)
         return len(parts)
 
