@@ -6,6 +6,9 @@ Layout under a checkpoint directory (a local path or any `pyarrow.fs` URI)::
     v000012/MANIFEST.json                      written last, by whoever asked for the snapshot
 
 A version without a manifest is torn (a crash mid-write) and is never loaded.
+:func:`prune` keeps the newest sealed versions and removes torn ones, so a fit that
+checkpoints every few iterations does not fill the disk. Local files are written
+owner-only (0600, directories 0700): they hold the model's weights.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import io
 import json
 import os
 import re
+import uuid
 
 import numpy as np
 from pyarrow import fs as pafs
@@ -31,6 +35,7 @@ __all__ = [
     "sealed_versions",
     "latest_version",
     "restore_latest",
+    "prune",
 ]
 
 _VERSION = re.compile(r"^v(\d{6,})$")
@@ -46,22 +51,45 @@ def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def _write_atomic(filesystem: pafs.FileSystem, path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    # unique per writer (two threads of one process may write one version's file), and
+    # removed if the write fails, so a failed checkpoint leaves no temp file behind
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    local = isinstance(filesystem, pafs.LocalFileSystem)
+    try:
+        if local:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        else:
+            with filesystem.open_output_stream(tmp) as out:
+                out.write(data)
+            filesystem.move(tmp, path)
+    except BaseException:
+        _remove(filesystem, tmp)
+        raise
+    if local:
         dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        return
-    with filesystem.open_output_stream(tmp) as out:
-        out.write(data)
-    filesystem.move(tmp, path)
+
+
+def _remove(filesystem: pafs.FileSystem, path: str) -> None:
+    try:
+        filesystem.delete_file(path)
+    except (FileNotFoundError, OSError):
+        pass
+
+
+def _make_dir(filesystem: pafs.FileSystem, path: str) -> None:
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        os.makedirs(path, mode=0o700, exist_ok=True)  # the weights are nobody else's
+    else:
+        filesystem.create_dir(path, recursive=True)
 
 
 def _vdir(root: str, version: int) -> str:
@@ -105,7 +133,7 @@ def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, i
     """Snapshot every model slice (weights and optimizer state) of one shard."""
     filesystem, root = _fs(uri)
     vdir = _vdir(root, version)
-    filesystem.create_dir(vdir, recursive=True)
+    _make_dir(filesystem, vdir)
     buf = io.BytesIO()
     np.savez(buf, **model_arrays(models))
     path = f"{vdir}/shard-{index}.npz"
@@ -142,17 +170,47 @@ def read_manifest(uri: str, version: int) -> dict:
         return json.loads(f.read())
 
 
+def _versions(filesystem: pafs.FileSystem, root: str) -> dict[int, bool]:
+    """Every version directory under `root`: version -> sealed."""
+    if filesystem.get_file_info(root).type != pafs.FileType.Directory:
+        return {}
+    found = {}
+    for info in filesystem.get_file_info(pafs.FileSelector(root)):
+        m = _VERSION.match(info.base_name)
+        if m and info.type == pafs.FileType.Directory:
+            found[int(m.group(1))] = _sealed(filesystem, root, int(m.group(1)))
+    return found
+
+
 def sealed_versions(uri: str) -> list[int]:
     """Every sealed version under `uri`, oldest first (torn ones are skipped)."""
     filesystem, root = _fs(uri)
-    if filesystem.get_file_info(root).type != pafs.FileType.Directory:
-        return []
-    versions = []
-    for info in filesystem.get_file_info(pafs.FileSelector(root)):
-        m = _VERSION.match(info.base_name)
-        if m and _sealed(filesystem, root, int(m.group(1))):
-            versions.append(int(m.group(1)))
-    return sorted(versions)
+    return sorted(v for v, sealed in _versions(filesystem, root).items() if sealed)
+
+
+def prune(uri: str, keep: int, all_torn: bool = False) -> list[int]:
+    """Delete sealed versions but the newest `keep` (0 keeps them all), and torn ones older
+    than the newest sealed version (every torn one with `all_torn`: at start-up, when no
+    checkpoint can be in progress). Returns the versions deleted, oldest first.
+
+    The newest sealed version is never deleted, so a restore always has one; a torn version
+    newer than it may be a checkpoint still being written and is left alone."""
+    if keep < 0:
+        raise ValueError(f"checkpoint prune: keep must be >= 0, got {keep}")
+    filesystem, root = _fs(uri)
+    found = _versions(filesystem, root)
+    sealed = sorted(v for v, ok in found.items() if ok)
+    newest = sealed[-1] if sealed else None
+    doomed = set(sealed[:-keep]) if keep else set()
+    doomed |= {
+        v for v, ok in found.items() if not ok and (all_torn or (newest is not None and v < newest))
+    }
+    for version in sorted(doomed):
+        try:
+            filesystem.delete_dir(_vdir(root, version))
+        except (FileNotFoundError, OSError):  # another pruner got there first
+            pass
+    return sorted(doomed)
 
 
 def latest_version(uri: str) -> int | None:

@@ -28,7 +28,7 @@ from concurrent import futures
 
 import grpc
 
-from ps_server import lifecycle, tls
+from ps_server import checkpoint, lifecycle, tls
 from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
 from ps_server.proto import ps_pb2 as pb
@@ -144,6 +144,8 @@ class Service:
         return proc
 
     def start(self, timeout: float = 60.0) -> None:
+        if self.checkpoint_dir:  # torn versions of a crashed run: nobody writes them now
+            checkpoint.prune(self.checkpoint_dir, keep=0, all_torn=True)
         self.server.start()
         for i in range(self.num_shards):
             self.procs[i] = self._spawn(i, self._primary_role)

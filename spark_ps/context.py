@@ -14,6 +14,7 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
 ``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from;
                            fits checkpoint there every ``checkpointInterval`` iterations
+``spark.ps.checkpointKeep`` sealed checkpoint versions kept (default 2; 0 keeps all)
 ``spark.ps.replicas``      embedded processes per shard: 2 adds a synchronous backup
                            that takes over when its primary dies (default 1)
 ``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
@@ -52,6 +53,7 @@ _DEFAULTS = {
     "numShards": str(os.cpu_count() or 1),
     "host": "127.0.0.1",
     "checkpointDir": "",
+    "checkpointKeep": "2",
     "replicas": "1",
     "startTimeout": "60",
     "rpcTimeout": "120",
@@ -78,6 +80,7 @@ def _context_kw(spark, conf: dict) -> dict:
     """PSContext keyword arguments from `conf` / the Spark conf."""
     return dict(
         checkpoint_dir=_conf(spark, "checkpointDir", conf),
+        checkpoint_keep=int(_conf(spark, "checkpointKeep", conf)),
         rpc_timeout=float(_conf(spark, "rpcTimeout", conf)),
         max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
         tls_ca=read_pem(_conf(spark, "tls.ca", conf) or _conf(spark, "tls.cert", conf)),
@@ -138,6 +141,7 @@ class PSContext:
         rpc_timeout: float = 120.0,
         max_message_mb: float = 4.0,
         tls_ca: bytes | None = None,
+        checkpoint_keep: int = 2,
     ):
         self.address, self.token, self.process = address, token, process
         self.tls_ca = tls_ca
@@ -148,6 +152,7 @@ class PSContext:
             timeout=rpc_timeout,
             max_message_bytes=int(max_message_mb * (1 << 20)),
             tls_ca=tls_ca,
+            checkpoint_keep=checkpoint_keep,
         )
         self.num_shards = self.client.num_shards
         self._version = 0

@@ -180,7 +180,7 @@ def test_shard_killed_mid_checkpoint_write_leaves_the_previous_version(tmp_path)
         writer = threading.Thread(target=lambda: box.append(_try(lambda: ps.checkpoint())))
         writer.start()
         tmp = _wait_for_tmp(tmp_path / "ckpt" / "v000002")
-        victim = int(tmp.name.rsplit("-", 1)[1])  # the writing shard's pid
+        victim = int(tmp.name.split(".tmp-")[1].split("-")[0])  # the writing shard's pid
         os.kill(victim, signal.SIGKILL)
         writer.join(120)
         assert tmp.exists()  # the rename never happened: it died mid-write

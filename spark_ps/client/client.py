@@ -125,7 +125,11 @@ class PSClient:
         retry_seconds: float = 90.0,
         max_message_bytes: int = 4 << 20,
         tls_ca: bytes | None = None,
+        checkpoint_keep: int = 2,
     ):
+        if checkpoint_keep < 0:
+            raise ValueError(f"checkpoint_keep must be >= 0 (0 keeps all), got {checkpoint_keep}")
+        self.checkpoint_keep = checkpoint_keep  # sealed versions kept under a checkpoint uri
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
         self.token, self.tls_ca = token, tls_ca
         self.max_message_bytes = max_message_bytes
@@ -559,12 +563,15 @@ class PSClient:
     ) -> int:
         """Snapshot every shard, then seal the version with a manifest. Returns bytes written.
 
+        Once sealed, older versions beyond the newest `checkpoint_keep` and torn ones older
+        than it are deleted (``ps_server.checkpoint.prune``).
+
         `meta` goes into the manifest. The version is sealed only if no shard restarted
         since the restart count was `restarts` (default: now) — a restarted shard answers
         from an older state, so its file would not match the others'; the version is then
         left torn and never loaded.
         """
-        from ps_server.checkpoint import write_manifest
+        from ps_server.checkpoint import prune, write_manifest
 
         restarts = self.shard_restarts() if restarts is None else restarts
         resps = self._fanout(
@@ -579,6 +586,7 @@ class PSClient:
             )
         write_manifest(uri, version, self.num_shards, meta)
         self.count("checkpoint")
+        prune(uri, self.checkpoint_keep)
         return sum(r.nbytes for r in resps)
 
     def restore(self, uri: str, version: int, prefix: str = "") -> None:
