@@ -137,6 +137,65 @@ def test_wrong_and_missing_token_refused(raw, model):
     _unchanged(model)
 
 
+def _near_misses(token: str) -> list[str]:
+    """Tokens a prefix or length check would let through: the last character changed, the
+    first changed, a prefix, the token with a character added, and the empty token."""
+    last = "A" if token[-1] != "A" else "B"
+    first = "A" if token[0] != "A" else "B"
+    return [token[:-1] + last, first + token[1:], token[:-1], token + "x", ""]
+
+
+def test_near_miss_tokens_are_refused_by_shards_and_coordinator(ps, raw, model):
+    """The whole token is compared: every near miss is UNAUTHENTICATED on a shard's data
+    plane and on the coordinator, and changes nothing."""
+    coord = pb_grpc.CoordinatorStub(grpc.insecure_channel(ps.address))
+    for bad in _near_misses(ps.token):
+        err = _call(raw, "Push", _push(K, V), md=((TOKEN_KEY, bad),))
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED, bad
+        with pytest.raises(grpc.RpcError) as e:
+            coord.Post(
+                pb.PostRequest(topic="near-miss", round=1, payload="{}"),
+                metadata=((TOKEN_KEY, bad),),
+                timeout=10,
+            )
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, bad
+    _unchanged(model)
+    stub, good = raw
+    assert stub.Push(_push(K, to_array(np.zeros(2))), metadata=good, timeout=10).value == 2
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_a_key_at_the_upper_bound_is_refused(ps, kind):
+    """Keys live in [0, dim): `dim` itself (the dense shard's offset + length, the sparse
+    space's bound) is refused by the shard with the range, and nothing changes."""
+    dim = 64
+    w = PSVector.dense(dim) if kind == "dense" else PSVector.sparse(dim=dim)
+    w.update(np.array([dim - 1]), np.array([5.0]))
+    ch = grpc.insecure_channel(_addr(ps, ps.num_shards - 1 if kind == "dense" else 0))
+    try:
+        stub = pb_grpc.ShardStub(ch)
+        for op in (pb.ADD, pb.SET):
+            req = pb.PushRequest(
+                model=w.name,
+                keys=to_array(np.array([dim], dtype=np.int64)),
+                values=to_array(np.array([1.0])),
+                op=op,
+            )
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Push(req, metadata=((TOKEN_KEY, ps.token),), timeout=10)
+            assert e.value.code() in (
+                grpc.StatusCode.OUT_OF_RANGE,
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ), e.value.details()
+            assert str(dim) in e.value.details()
+    finally:
+        ch.close()
+    with pytest.raises((PSError, ValueError)):
+        w.increment(np.array([dim]), np.array([1.0]))
+    assert w.pull(np.array([dim - 1]))[0] == 5.0
+    w.drop()
+
+
 def test_duplicate_model_with_other_shape_refused(ps, model):
     with pytest.raises(PSError, match="exists with kind=dense dim=100 cols=1") as e:
         PSVector.dense(200, name="bad-input-w")

@@ -95,3 +95,28 @@ def test_weights_are_owner_only_and_a_failed_write_leaves_no_temp_file(tmp_path)
     with pytest.raises(OSError):
         checkpoint._write_atomic(fs, str(target), b"data")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p", "taken"]
+
+
+def test_a_restarted_shard_restores_the_newest_of_several_versions(tmp_path):
+    """Three sealed versions (1.0, 2.0, 3.0 everywhere): a SIGKILLed shard comes back with
+    the newest, not an older one that is still on disk."""
+    import signal
+    import time
+
+    uri = str(tmp_path / "ckpt")
+    ctx = PSContext.start(numShards=2, checkpointDir=uri)
+    try:
+        w = PSVector.dense(100, name="newest_w", context=ctx)
+        for value in (1.0, 2.0, 3.0):
+            w.update(np.arange(100), np.full(100, value))
+            ctx.checkpoint()
+        assert checkpoint.sealed_versions(uri) == [2, 3]
+        victim = ctx.client.health()[1].pid
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while victim in [h.pid for h in ctx.client.health()] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ctx.metrics()["restart"] == 1
+        np.testing.assert_array_equal(w.pull(), np.full(100, 3.0))
+    finally:
+        ctx.stop()

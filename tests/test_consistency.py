@@ -94,6 +94,31 @@ def _fit(ps, df, staleness):
 
 
 @pytest.mark.slow  # three fits: ~15 s each on a loaded 2-core machine
+def test_a_clock_waits_for_every_worker_not_all_but_one(ps):
+    """BSP (staleness 0) over 3 workers: after two of them clock 1, neither is released
+    until the third clocks too; then all three are, each seeing min clock 1."""
+    group = "bsp-all-three"
+    released: dict[str, int] = {}
+
+    def tick(worker: str) -> None:
+        c = PSClient(ps.address, ps.token)
+        try:
+            released[worker] = c.clock(group, worker, 1, staleness=0, num_workers=3, timeout=30)
+        finally:
+            c.close()
+
+    first = [threading.Thread(target=tick, args=(w,)) for w in ("a", "b")]
+    for t in first:
+        t.start()
+    time.sleep(1.5)  # two of three have clocked: nobody may be released yet
+    assert released == {}
+    tick("c")
+    for t in first:
+        t.join(30)
+    assert released == {"a": 1, "b": 1, "c": 1}
+    assert sorted(e.worker for e in _entries(ps.client, group)) == ["a", "b", "c"]
+
+
 def test_bsp_ssp_and_asp_fits_keep_their_bounds_and_learn_alike(spark_ps, data):
     _, ps = spark_ps
     bsp, bsp_log = _fit(ps, data, 0)

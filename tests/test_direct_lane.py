@@ -90,6 +90,24 @@ def test_bad_token_is_refused_and_joins_nothing(client):
     assert meta == {"pending": True}
 
 
+def test_near_miss_tokens_are_refused_on_the_direct_lane(client, ps):
+    """The lane compares the whole token, as gRPC's interceptor does."""
+    from tests.test_bad_input import _near_misses
+
+    host, port = _port(client)
+    for bad in _near_misses(ps.token):
+        link = DirectLink(host, port, bad, timeout=10)
+        try:
+            link.send(
+                _request("rendezvous.gather", _gather("near", 0, 0, 2, wait=0.1), [np.ones(2)])
+            )
+            with pytest.raises(DirectError) as e:
+                link.receive()
+            assert e.value.code == "UNAUTHENTICATED", bad
+        finally:
+            link.close()
+
+
 def test_only_read_only_functions_without_models(client, ps):
     host, port = _port(client)
     v = PSVector.dense(8, context=ps)
