@@ -17,6 +17,12 @@ those need no replication and no request ids, and a resent call is harmless. Any
 is refused. A frame with a bad token, over the request limit or not parseable gets an error
 and the connection is closed; a truncated one is dropped. Either way nothing was applied.
 
+A connection must authenticate with its first frame within ``SPARK_PS_HANDSHAKE_TIMEOUT``
+seconds (default 10), and at most ``MAX_PENDING`` connections may be waiting to do so; more
+are closed at once. So a peer that connects and stalls, or floods connections, holds a
+thread and a descriptor for seconds, not forever. Authenticated connections may idle between
+calls as long as their client keeps them.
+
 Plaintext, like the PS's gRPC without TLS: a shard started with TLS opens no lane, and its
 clients stay on gRPC. ``SPARK_PS_DIRECT=0`` keeps clients on gRPC too.
 """
@@ -44,6 +50,13 @@ _LEN = struct.Struct("<Q")
 _STATUS = struct.Struct("<BQ")  # 0 answer / 1 error, payload length
 _MAX_TOKEN = 4096
 ENV = "SPARK_PS_DIRECT"
+#: Connections that have not yet sent a frame with the right token, at most.
+MAX_PENDING = 64
+
+
+def handshake_timeout() -> float:
+    """Seconds a new connection has to send its first frame ($SPARK_PS_HANDSHAKE_TIMEOUT)."""
+    return float(os.environ.get("SPARK_PS_HANDSHAKE_TIMEOUT", "10"))
 
 
 def enabled() -> bool:
@@ -85,9 +98,14 @@ class DirectServer:
         handle: Callable[[pb.CallRequest], pb.CallResponse],
         max_request_bytes: int,
         where: str,
+        handshake: float | None = None,
+        max_pending: int = MAX_PENDING,
     ) -> None:
         self._token, self._handle = token.encode(), handle
         self._limit, self._where = max_request_bytes, where
+        self._handshake = handshake_timeout() if handshake is None else handshake
+        self._pending = threading.BoundedSemaphore(max_pending)
+        self._max_pending = max_pending
         family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
         self._sock = socket.create_server((host, 0), family=family)
         self.port = self._sock.getsockname()[1]
@@ -104,46 +122,76 @@ class DirectServer:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = self._sock.accept()
             except OSError:
                 return  # closed
+            if not self._pending.acquire(blocking=False):
+                log.warning(
+                    "%s: direct lane: %s connections wait to authenticate; closing one from %s",
+                    self._where,
+                    self._max_pending,
+                    peer,
+                )
+                conn.close()
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                while self._one(conn):
-                    pass
-            except OSError:
-                pass  # the client went away mid-frame: nothing was applied
+        """Serve a connection's frames; it holds a pending slot until its first frame has
+        shown the token (within the handshake timeout), then idles as long as it likes."""
+        pending = True
+        try:
+            with conn:
+                conn.settimeout(self._handshake)
+                while True:
+                    n = self._authenticate(conn)
+                    if n is None:
+                        return
+                    if pending:
+                        pending = False
+                        self._pending.release()
+                        conn.settimeout(None)
+                    if not self._answer(conn, n):
+                        return
+        except OSError:
+            pass  # the client went away mid-frame, or stalled past the handshake: nothing applied
+        finally:
+            if pending:
+                self._pending.release()
 
-    def _one(self, conn: socket.socket) -> bool:
-        """Serve one frame; False when the connection must close."""
+    def _authenticate(self, conn: socket.socket) -> int | None:
+        """A frame's header and token: its body length, or None when the connection must
+        close (closed by the peer, or refused: not a frame, or a bad token)."""
         head = _read_exactly(conn, _HEAD.size)
         if head is None:
-            return False
+            return None
         magic, token_len = _HEAD.unpack(head)
         if magic != MAGIC or token_len > _MAX_TOKEN:
             return self._refuse(conn, "INVALID_ARGUMENT", "not a direct-lane frame")
         token = _read_exactly(conn, token_len)
         size = _read_exactly(conn, _LEN.size) if token is not None else None
         if size is None:
-            return False
+            return None
         if self._token and not hmac.compare_digest(bytes(token), self._token):
             return self._refuse(conn, "UNAUTHENTICATED", "bad auth token on the direct lane")
-        (n,) = _LEN.unpack(size)
+        return _LEN.unpack(size)[0]
+
+    def _answer(self, conn: socket.socket, n: int) -> bool:
+        """Read an authenticated frame's `n`-byte body and answer it; False: close."""
         try:
             check_request_size(n, self._limit, f"{self._where}: direct Call")
         except RequestError as e:
-            return self._refuse(conn, e.code, str(e))
+            self._refuse(conn, e.code, str(e))
+            return False
         body = _read_exactly(conn, n)
         if body is None:
             return False  # truncated: dropped before anything was parsed
         try:
             request = pb.CallRequest.FromString(body)  # parses the bytearray: no copy
         except Exception as e:  # noqa: BLE001 - any parse failure is the client's
-            return self._refuse(conn, "INVALID_ARGUMENT", f"malformed CallRequest: {e}")
+            self._refuse(conn, "INVALID_ARGUMENT", f"malformed CallRequest: {e}")
+            return False
         try:
             answer = self._handle(request).SerializeToString()
         except RequestError as e:
@@ -161,10 +209,10 @@ class DirectServer:
         conn.sendall(_STATUS.pack(1, len(text)) + text)
         return True
 
-    def _refuse(self, conn: socket.socket, code: str, message: str) -> bool:
-        """Answer with an error and close: the rest of the stream cannot be trusted. Unread
-        input is drained a little first; closing over it would reset the connection, and
-        the client might lose the answer."""
+    def _refuse(self, conn: socket.socket, code: str, message: str) -> None:
+        """Answer with an error; the caller closes: the rest of the stream cannot be trusted.
+        Unread input is drained a little first; closing over it would reset the connection,
+        and the client might lose the answer."""
         self._error(conn, code, message)
         conn.shutdown(socket.SHUT_WR)
         conn.settimeout(0.5)
@@ -174,7 +222,7 @@ class DirectServer:
                     break
         except OSError:
             pass
-        return False
+        return None
 
 
 class DirectLink:

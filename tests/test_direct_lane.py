@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
+import time
 import uuid
 
 import numpy as np
@@ -193,3 +195,44 @@ def test_lane_off_by_environment(client, monkeypatch):
     )  # fmt: skip
     assert meta == {"pending": False}
     assert not client._links.__dict__.get("links")
+
+
+def _lane(handshake: float, max_pending: int):
+    from ps_server.direct import DirectServer
+
+    def echo(request: pb.CallRequest) -> pb.CallResponse:
+        return pb.CallResponse(result=request.args)
+
+    return DirectServer("127.0.0.1", "sesame", echo, 1 << 20, "test lane", handshake, max_pending)
+
+
+def test_stalled_unauthenticated_connections_are_bounded_and_closed():
+    """Peers that connect and send nothing (or half a header) hold a pending slot for at
+    most the handshake timeout, and past `max_pending` of them a new connection is closed
+    at once: stalling costs the shard a bounded number of threads for a bounded time. Then
+    a client is served, and once authenticated it may idle past the timeout."""
+    server = _lane(handshake=1.0, max_pending=4)
+    threads_before = threading.active_count()
+    stalls = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(6)]
+    try:
+        stalls[0].sendall(MAGIC)  # half a header
+        for s in stalls[4:]:  # over the bound: closed at once
+            s.settimeout(0.5)
+            assert s.recv(1) == b""
+        assert threading.active_count() <= threads_before + 4
+        t0 = time.monotonic()
+        for s in stalls[:4]:
+            s.settimeout(5)
+            assert s.recv(1) == b""  # closed by the server once the handshake lapsed
+        assert time.monotonic() - t0 < 3.0
+        good = DirectLink("127.0.0.1", server.port, "sesame", timeout=10)
+        good.send(_request("echo", {"n": 1}))
+        assert json.loads(good.receive().result) == {"n": 1}
+        time.sleep(1.5)  # idle past the handshake: an authenticated link stays open
+        good.send(_request("echo", {"n": 2}))
+        assert json.loads(good.receive().result) == {"n": 2}
+        good.close()
+    finally:
+        for s in stalls:
+            s.close()
+        server.close()
