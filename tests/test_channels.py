@@ -68,3 +68,41 @@ def test_a_reused_port_is_reached_at_once_after_its_old_process_died():
     finally:
         old.close()
         second.stop(0).wait()
+
+
+def test_a_client_closes_its_channels_to_restarted_shards():
+    """Every restart moves a shard to a new port. A long-lived client keeps one channel per
+    live address: channels to the old ones are closed once calls on them have passed their
+    deadline (the client's timeout), and the client keeps working on the new ones."""
+    import os
+    import signal
+
+    from spark_ps import PSContext
+    from spark_ps.client import PSClient
+
+    ctx = PSContext.start(numShards=2)
+    client = PSClient(ctx.address, ctx.token, timeout=1.0)
+    try:
+        old: list[grpc.Channel] = []
+        for _ in range(3):
+            victim = client.health()[1].pid
+            old.append(client._channels[client.addresses[1]])
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                client.refresh()
+                if victim not in [h.pid for h in client.health()]:
+                    break
+                time.sleep(0.2)
+        assert len(client._channels) == 3  # the coordinator and two live shards
+        assert old[-1] in [ch for _, ch in client._retired]  # not closed under a call yet
+        time.sleep(2.1)  # past the 1 s timeout (+1 s) of any call started on them
+        client.refresh()
+        assert client._retired == [] and len(client._channels) == 3
+        for ch in old:
+            with pytest.raises(ValueError, match="closed channel"):
+                pb_grpc.ShardStub(ch).Health(pb.Empty(), timeout=1)
+        assert len(client.health()) == 2  # served over the live channels
+    finally:
+        client.close()
+        ctx.stop()

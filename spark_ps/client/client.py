@@ -137,6 +137,7 @@ class PSClient:
         self._md = ((TOKEN_KEY, token),)
         self._rid_prefix, self._rids = uuid.uuid4().hex[:16], itertools.count()
         self._channels: dict[str, grpc.Channel] = {}
+        self._retired: list[tuple[float, grpc.Channel]] = []  # to closed shards, closing soon
         self._lock = threading.Lock()
         self._direct_ports: dict[str, int] = {}  # shard address -> direct lane port (0: none)
         self._links = threading.local()  # per thread: shard address -> DirectLink
@@ -158,6 +159,7 @@ class PSClient:
         self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
         self.addresses = list(smap.addresses)
         self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
+        self._retire({*self.addresses, *self.backups, self.address})
         limit = smap.max_request_bytes
         if limit and limit != self.max_request_bytes:
             self.max_request_bytes = limit
@@ -168,6 +170,21 @@ class PSClient:
                     self.max_message_bytes / 2**20,
                     limit / 2**20,
                 )
+
+    def _retire(self, live: set[str]) -> None:
+        """Close channels to addresses the map no longer holds: a restarted shard listens on
+        a new port, and a long-lived client would otherwise keep one channel per restart.
+        A call may still be in flight on one, so it closes only once every call started on
+        it has passed its deadline."""
+        now = time.monotonic()
+        with self._lock:
+            for address in [a for a in self._channels if a not in live]:
+                self._retired.append((now, self._channels.pop(address)))
+                self._direct_ports.pop(address, None)
+            expired = [ch for t, ch in self._retired if now - t > self.timeout + 1.0]
+            self._retired = [(t, ch) for t, ch in self._retired if now - t <= self.timeout + 1.0]
+        for ch in expired:
+            ch.close()
 
     @property
     def chunk_bytes(self) -> int:
@@ -732,9 +749,10 @@ class PSClient:
 
     def close(self) -> None:
         with self._lock:
-            for ch in self._channels.values():
+            for ch in [*self._channels.values(), *(ch for _, ch in self._retired)]:
                 ch.close()
             self._channels.clear()
+            self._retired.clear()
 
 
 def _details(e: grpc.RpcError) -> str:
