@@ -29,6 +29,7 @@ __all__ = [
     "model_arrays",
     "models_from_arrays",
     "save_shard",
+    "save_arrays",
     "load_shard",
     "write_manifest",
     "read_manifest",
@@ -131,11 +132,17 @@ def models_from_arrays(data) -> dict:
 
 def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, int]:
     """Snapshot every model slice (weights and optimizer state) of one shard."""
+    return save_arrays(uri, version, index, model_arrays(models))
+
+
+def save_arrays(uri: str, version: int, index: int, arrays: dict) -> tuple[str, int]:
+    """Write one shard's `model_arrays` (taken as a consistent cut) as its file of
+    `version`; returns the path and the bytes written."""
     filesystem, root = _fs(uri)
     vdir = _vdir(root, version)
     _make_dir(filesystem, vdir)
     buf = io.BytesIO()
-    np.savez(buf, **model_arrays(models))
+    np.savez(buf, **arrays)
     path = f"{vdir}/shard-{index}.npz"
     _write_atomic(filesystem, path, buf.getvalue())
     return path, buf.tell()

@@ -20,6 +20,7 @@ import numpy as np
 
 from ps_server import checkpoint, lifecycle, tls
 from ps_server.auth import TokenInterceptor
+from ps_server.cut import Cut
 from ps_server.direct import DirectServer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
@@ -40,6 +41,8 @@ __all__ = ["ShardServicer", "serve_shard", "main"]
 log = logging.getLogger("ps_server.shard")
 
 _guard = guard(lambda self: f"shard {self.index}")
+#: Seconds a checkpoint waits for the mutations in flight to end before it gives up.
+CUT_TIMEOUT = 300.0
 _HANDLERS: dict[str, Callable] = {}  # undecorated handlers of MUTATIONS, for backups
 
 
@@ -65,13 +68,15 @@ def _replicated(mutates: Callable[[object, object], bool] = _always) -> Callable
 
         def wrapper(self, request, context):
             rep = self.replica
-            if rep is None:
-                return method(self, request, context)
-            rep.check_serving()
+            if rep is not None:
+                rep.check_serving()
             if not mutates(self, request):
                 return method(self, request, context)
-            run = lambda: method(self, request, context)  # noqa: E731
-            return rep.apply(name, request, request_id(context), run)
+            with self.cut.shared():  # no snapshot sees it half applied
+                if rep is None:
+                    return method(self, request, context)
+                run = lambda: method(self, request, context)  # noqa: E731
+                return rep.apply(name, request, request_id(context), run)
 
         wrapper.__name__ = name
         return wrapper
@@ -109,6 +114,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         self.models: dict[str, Tensor] = {}
         self.memory = ShardMemory(index, memory_budget, lambda: self.models)
         self._lock = threading.Lock()
+        self.cut = Cut()  # mutations share it; a checkpoint's copy excludes them
         self.replica: Replica | None = None  # set when the service runs with --replicas 2
         self.direct: DirectServer | None = None  # the direct lane (see serve_shard)
 
@@ -241,9 +247,11 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     @_replicated(_never)
     def Checkpoint(self, request, context):
-        with self._lock:
-            models = dict(self.models)
-        path, nbytes = checkpoint.save_shard(request.uri, request.version, self.index, models)
+        with self.cut.exclusive(CUT_TIMEOUT, f"shard {self.index}: checkpoint"):
+            with self._lock:
+                models = dict(self.models)
+            arrays = checkpoint.model_arrays(models)  # copies: written with no lock held
+        path, nbytes = checkpoint.save_arrays(request.uri, request.version, self.index, arrays)
         return pb.CheckpointResponse(path=path, nbytes=nbytes, num_models=len(models))
 
     @_guard
