@@ -353,12 +353,13 @@ def restore_snapshot(blob: bytes) -> tuple[dict, OrderedDict]:
     data = np.load(io.BytesIO(blob), allow_pickle=False)
     models = checkpoint.models_from_arrays(data)
     by_prefix = {f"c{i}": t for i, (_n, t) in enumerate(sorted(models.items()))}
-    for key in data.files:
-        if key.startswith("c") and key.endswith(".k"):
-            prefix, r, part, chunk, _ = key.split(".")
-            by_prefix[prefix].contributions.put(
-                int(r), int(part), int(chunk), data[key], data[key[:-1] + "v"]
-            )
+    contributed = [k.split(".") for k in data.files if k.startswith("c") and k.endswith(".k")]
+    # each part's chunk 0 first: putting it replaces the part's other chunks
+    for prefix, r, part, chunk, _ in sorted(contributed, key=lambda c: (c[0], *map(int, c[1:4]))):
+        key = f"{prefix}.{r}.{part}.{chunk}"
+        by_prefix[prefix].contributions.put(
+            int(r), int(part), int(chunk), data[key + ".k"], data[key + ".v"]
+        )
     answers: OrderedDict = OrderedDict()
     raw, bounds = data["answer_bytes"].tobytes(), [0, *data["answer_ends"].tolist()]
     index = json.loads(str(data["answers"][()]))

@@ -586,7 +586,10 @@ class Contributions:
     """Exactly-once aggregation buffer: contributions keyed by (round, part, chunk).
 
     A replayed or speculative task re-puts the same (round, part, chunk) and replaces
-    its earlier contribution instead of adding to it. ``reduce`` concatenates in sorted
+    its earlier contribution instead of adding to it. Chunk 0 replaces every chunk of the
+    part: a replay that splits into fewer chunks, or sends this shard no keys at all (then
+    an empty chunk 0), leaves nothing of the earlier attempt behind. Clients send chunk 0
+    before a part's other chunks. ``reduce`` concatenates in sorted
     (part, chunk) order before ``combine``, so the sum is bit-identical whatever the
     arrival order. Arrays are copied on ``put``.
     """
@@ -613,6 +616,9 @@ class Contributions:
                 f"{v.shape} does not match part {other[0][0]} chunk {other[0][1]} "
                 f"shape {other[1].shape}"
             )
+        if ident[1] == 0:  # a new attempt of this part: nothing of an earlier one stays
+            for pc in [pc for pc in entries if pc[0] == ident[0]]:
+                del entries[pc]
         entries[ident] = (k, v)
 
     def rounds(self) -> list[int]:

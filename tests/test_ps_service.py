@@ -186,6 +186,31 @@ def test_exactly_once_contribution_replaces_a_retry(ps):
     np.testing.assert_array_equal(g.pull(), np.r_[np.full(10, 4.0), np.full(40, 3.0)])
 
 
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_a_replay_split_differently_replaces_every_chunk_of_its_first_attempt(ps, kind):
+    """A replayed part may split into fewer chunks (less data, another chunk size) or send
+    a shard no keys at all: nothing of its first attempt may stay in the sum."""
+    g = PSVector.dense(400) if kind == "dense" else PSVector.sparse(dim=400)
+    small = PSClient(ps.address, ps.token, max_message_bytes=256)  # 16 rows per chunk
+    k = np.arange(400)
+    try:
+        small.push(g.spec, k, np.full(400, 100.0), round=1, part=0)  # many chunks per shard
+        g.aggregate(k, np.ones(400), round=1, part=0)  # the replay: one chunk per shard
+        g.aggregate(k, np.full(400, 2.0), round=1, part=1)
+        g.reduce(1)
+        np.testing.assert_array_equal(g.pull(k), np.full(400, 3.0))
+        g.aggregate(k, np.full(400, 50.0), round=2, part=0)  # keys on both shards ...
+        first = k[g.spec.route(k)[0]]  # the keys shard 0 owns; shard 1 gets none
+        assert 0 < first.size < 400
+        g.aggregate(first, np.ones(first.size), round=2, part=0)  # ... the replay on one
+        g.reduce(2, op="add")
+        want = np.full(400, 3.0)
+        want[first] += 1.0
+        np.testing.assert_array_equal(g.pull(k), want)
+    finally:
+        small.close()
+
+
 def test_round_board_and_collect(ps):
     c = ps.client
     c.post("fit-x/cmd", 3, {"op": "grad"})

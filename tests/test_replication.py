@@ -321,6 +321,24 @@ def test_a_killed_backup_is_replaced_and_resynced_while_the_primary_serves(servi
 
 
 @pytest.mark.slow
+def test_a_reseeded_backup_carries_the_pending_contributions_through_a_failover(service):
+    """Contributions of an open round are state too: a backup seeded while they wait must
+    get them, so that when its primary dies next the round still sums exactly."""
+    svc, c = service
+    spec = _spec("r-pending", dim=200)
+    c.create(spec)
+    _in_sync(c)
+    c.push(spec, np.arange(200), np.ones(200), round=7, part=0)
+    os.kill(svc.backups[1].pid, signal.SIGKILL)
+    _assert_identical(c)  # the new backup is seeded; digests cover pending contributions
+    c.push(spec, np.arange(200), np.full(200, 2.0), round=7, part=1)
+    _kill_primary(c, 1)  # the reseeded backup takes over shard 1
+    c.reduce(spec, 7, op="add")
+    np.testing.assert_array_equal(c.pull(spec, np.arange(200)), np.full(200, 3.0))
+    _assert_identical(c)
+
+
+@pytest.mark.slow
 def test_losing_both_replicas_falls_back_to_a_restart_with_a_new_backup(service):
     """Runs last: shard 0 comes back empty (this service has no checkpoint directory)."""
     svc, c = service

@@ -280,15 +280,31 @@ def test_contributions_reduce_is_bit_identical_under_shuffles_and_replays():
     for trial in range(3):
         c = Contributions()
         order = np.random.default_rng(trial).permutation(len(items))
+        order = sorted(order, key=lambda i: items[i][1] > 0)  # chunk 0s first, as clients send
         for i in order:
             part, chunk, keys, vals = items[i]
             c.put(1, part, chunk, keys, vals * 3.0)  # a failed first attempt ...
-        for i in order[::-1]:
+        for i in sorted(order[::-1], key=lambda i: items[i][1] > 0):
             part, chunk, keys, vals = items[i]
             c.put(1, part, chunk, keys, vals)  # ... replaced by its retry
         ck, cv = c.reduce(1)
         assert ck.tobytes() == rk.tobytes() and cv.tobytes() == rv.tobytes()
         assert c.parts(1) == set(range(6)) and c.nbytes == ref.nbytes
+
+
+def test_a_parts_chunk_0_replaces_every_chunk_of_its_earlier_attempt():
+    """A replay that splits into fewer chunks, or sends this shard nothing (an empty chunk
+    0), leaves nothing of the first attempt; other parts are untouched."""
+    c = Contributions()
+    for chunk in range(3):  # first attempt of part 0: three chunks
+        c.put(1, 0, chunk, np.array([chunk]), np.array([100.0]))
+    c.put(1, 1, 0, np.array([7]), np.array([1.0]))
+    c.put(1, 0, 0, np.array([0, 1, 2]), np.array([1.0, 2.0, 3.0]))  # the replay: one chunk
+    k, v = c.reduce(1)
+    assert k.tolist() == [0, 1, 2, 7] and v.tolist() == [1.0, 2.0, 3.0, 1.0]
+    c.put(1, 0, 0, np.zeros(0, np.int64), np.zeros(0))  # a replay with no keys here
+    k, v = c.reduce(1)
+    assert k.tolist() == [7] and v.tolist() == [1.0] and c.parts(1) == {0, 1}
 
 
 def test_contributions_rounds_and_drop():

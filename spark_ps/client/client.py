@@ -327,8 +327,9 @@ class PSClient:
                 rpc=rpc,
             )
 
-    def _pieces(self, spec: TensorSpec, keys: np.ndarray, row_bytes: int):
-        """(shard, chunk index, positions) for every non-empty request below the size limit."""
+    def _pieces(self, spec: TensorSpec, keys: np.ndarray, row_bytes: int, every_shard=False):
+        """(shard, chunk index, positions) for every non-empty request below the size limit;
+        `every_shard`: an empty chunk 0 too for a shard that gets no keys."""
         self._check_size(row_bytes, "one row of a request")  # chunks hold >= 1 row
         step = max(1, self.chunk_bytes // max(row_bytes, 1))
         for s, pos in enumerate(spec.route(keys)):
@@ -338,6 +339,8 @@ class PSClient:
                 ]
             else:
                 parts = [pos[i : i + step] for i in range(0, pos.size, step)]
+            if not parts and every_shard:
+                parts = [pos[:0] if not isinstance(pos, slice) else slice(0, 0)]
             for chunk, part in enumerate(parts):
                 yield s, chunk, part
 
@@ -469,6 +472,7 @@ class PSClient:
             keys, values = combine(keys, values)
         values = values.astype(spec.dtype, copy=False)
         row_bytes = 8 + values.itemsize * spec.cols
+        aggregate = round is not None
         reqs = [
             (
                 s,
@@ -477,15 +481,24 @@ class PSClient:
                     keys=to_array(keys[pos]),
                     values=to_array(values[pos]),
                     op=_OPS[op],
-                    aggregate=round is not None,
+                    aggregate=aggregate,
                     round=round or 0,
                     part=part,
                     chunk=chunk,
                 ),
             )
-            for s, chunk, pos in self._pieces(spec, keys, row_bytes)
+            for s, chunk, pos in self._pieces(spec, keys, row_bytes, every_shard=aggregate)
         ]
-        self._fanout("Push", reqs)
+        if not aggregate:
+            self._fanout("Push", reqs)
+            return
+        # A contribution's chunk 0 replaces every chunk of this part's earlier attempt on its
+        # shard (one that split differently, or sent keys where this one sends none: hence
+        # a chunk 0 to every shard). So it must be applied before the other chunks.
+        self._fanout("Push", [r for r in reqs if r[1].chunk == 0])
+        rest = [r for r in reqs if r[1].chunk > 0]
+        if rest:
+            self._fanout("Push", rest)
 
     def reduce(self, spec: TensorSpec, round: int, op: str = "set", how: str = "sum") -> None:
         """Apply the combined contributions of `round`: set (replace the tensor), add or step.
