@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import uuid
@@ -39,6 +40,7 @@ __all__ = [
     "prune",
 ]
 
+log = logging.getLogger("ps_server.checkpoint")
 _VERSION = re.compile(r"^v(\d{6,})$")
 _MODEL = re.compile(r"^m\d+\.")
 
@@ -227,8 +229,22 @@ def latest_version(uri: str) -> int | None:
 
 
 def restore_latest(uri: str, index: int) -> tuple[dict, int] | None:
-    """(models, version) of the newest sealed version, or None if there is none."""
-    version = latest_version(uri)
-    if version is None:
-        return None
-    return load_shard(uri, version, index), version
+    """(models, version) of the newest sealed version whose file for shard `index` loads,
+    or None if no version is sealed.
+
+    A sealed version whose file is missing or unreadable is skipped with an error naming
+    it, so a restarted shard comes back from the previous one instead of crashing on it at
+    every restart; if none loads, RuntimeError names each version and why."""
+    versions = sealed_versions(uri)
+    failures = []
+    for version in reversed(versions):
+        try:
+            return load_shard(uri, version, index), version
+        except Exception as e:  # noqa: BLE001 - any unreadable file: try the previous one
+            failures.append(f"v{version}: {type(e).__name__}: {e}")
+            log.error("shard %d: checkpoint %s v%d does not load (%s)", index, uri, version, e)
+    if failures:
+        raise RuntimeError(
+            f"shard {index}: no sealed checkpoint version under {uri} loads: " + "; ".join(failures)
+        )
+    return None

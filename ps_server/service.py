@@ -49,6 +49,8 @@ _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS
 
 log = logging.getLogger("ps_server.service")
 READY_PREFIX = "SPARK_PS_READY "
+#: A shard that dies this soon after (re)starting counts towards its restart back-off.
+QUICK_DEATH_SECONDS = 10.0
 
 
 class Service:
@@ -106,6 +108,8 @@ class Service:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()  # channels, restarts, spawned; never held over an RPC
         self._spawned: list[subprocess.Popen] = []  # every live process started: stop() ends them
+        self._started: dict[int, float] = {}  # index -> when its primary last (re)started
+        self._quick_deaths: dict[int, int] = {}  # index -> deaths in a row soon after a start
 
     @property
     def _primary_role(self) -> str:
@@ -232,7 +236,28 @@ class Service:
         with self._lock:
             self.restarts += 1
         self.coordinator.count("restart")
+        self._back_off(i)
         self.procs[i] = self._spawn(i, self._primary_role)
+
+    def _back_off(self, i: int) -> None:
+        """Wait before restarting index `i` if it keeps dying young: 0.4 s after its second
+        death in a row within QUICK_DEATH_SECONDS of starting, doubling up to 30 s, so a shard
+        that cannot start (e.g. no checkpoint loads) is not respawned five times a second."""
+        now = time.monotonic()
+        young = now - self._started.get(i, -1e9) < QUICK_DEATH_SECONDS
+        self._quick_deaths[i] = self._quick_deaths.get(i, 0) + 1 if young else 0
+        n = self._quick_deaths[i]
+        if n:
+            delay = min(0.2 * 2**n, 30.0)
+            log.error(
+                "shard %d died %d times in a row within %.0fs of starting; next start in %.1fs",
+                i,
+                n,
+                QUICK_DEATH_SECONDS,
+                delay,
+            )
+            self.stop_event.wait(delay)  # only this index's watcher waits
+        self._started[i] = time.monotonic()
 
     def _tend_backup(self, i: int, resync: bool = True) -> None:
         """Keep one seeded backup per index: start, seed and attach, or replace it."""
