@@ -56,10 +56,14 @@ REQUEST_ID_KEY = "x-spark-ps-request"
 WINDOW = 4096
 _WINDOW_BYTES = 64 << 20
 _SEED_CHUNK = 4 << 20
-_FORWARD_TIMEOUT = 60.0  # a backup slower than this is dropped (and replaced)
+#: A forward's deadline when the client set none; else the client's own (a backup is
+#: dropped, and replaced, only when it is slower than the client is willing to wait).
+_FORWARD_TIMEOUT = 60.0
+#: Forwards are client requests the primary accepted: the backup (same --max-request-mb,
+#: plus FORWARD_ENVELOPE_BYTES on Replicate) is the one to refuse, not this channel.
 _OPTIONS = [
-    ("grpc.max_receive_message_length", 256 << 20),
-    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
 ]
 
 #: Shard RPCs that may change state: request type, answer type, and whether a
@@ -128,14 +132,22 @@ class Replica:
             )
 
     # ------------------------------------------------------------ applying
-    def apply(self, method: str, request: Message, rid: str, run: Callable[[], Message]) -> Message:
+    def apply(
+        self,
+        method: str,
+        request: Message,
+        rid: str,
+        run: Callable[[], Message],
+        deadline: float | None = None,
+    ) -> Message:
         """Run a mutating request once (a retry gets the remembered answer) here and on the
-        backup; the backup's copy is sent first, so both apply it at the same time."""
+        backup; the backup's copy is sent first, so both apply it at the same time.
+        `deadline`: seconds the client still waits (the forward's deadline)."""
         with self.lock:
             known = self.answers.get(rid) if rid else None
             if known is not None:
                 return known[1]
-            pending = self._send(method, request, rid)
+            pending = self._send(method, request, rid, deadline)
             t = time.perf_counter()
             try:
                 answer = run()
@@ -186,13 +198,15 @@ class Replica:
             _, (_, old) = self.answers.popitem(last=False)
             self._answer_bytes -= old.ByteSize()
 
-    def _send(self, method: str, request: Message, rid: str) -> grpc.Future | None:
+    def _send(
+        self, method: str, request: Message, rid: str, deadline: float | None
+    ) -> grpc.Future | None:
         if self._backup_stub is None:
             return None
         return self._backup_stub.Replicate.future(
             pb.ReplicateRequest(method=method, request=request.SerializeToString(), request_id=rid),
             metadata=self._md,
-            timeout=_FORWARD_TIMEOUT,
+            timeout=deadline if deadline and deadline > 0 else _FORWARD_TIMEOUT,
         )
 
     def _settle(

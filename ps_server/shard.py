@@ -76,7 +76,8 @@ def _replicated(mutates: Callable[[object, object], bool] = _always) -> Callable
                 if rep is None:
                     return method(self, request, context)
                 run = lambda: method(self, request, context)  # noqa: E731
-                return rep.apply(name, request, request_id(context), run)
+                left = context.time_remaining() if context is not None else None
+                return rep.apply(name, request, request_id(context), run, left)
 
         wrapper.__name__ = name
         return wrapper

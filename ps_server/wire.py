@@ -91,6 +91,11 @@ def from_array(msg: pb.Array, what: str, *, ndim: tuple[int, ...] | None = None)
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
 
 
+#: What a primary's forward adds around a client request it accepted (method name, request
+#: id, field tags): its backup allows that much over the limit on Replicate.
+FORWARD_ENVELOPE_BYTES = 4096
+
+
 def check_request_size(nbytes: int, limit: int, what: str) -> None:
     """Refuse a request of `nbytes` above `limit` (0 = no limit) with RESOURCE_EXHAUSTED."""
     if limit > 0 and nbytes > limit:
@@ -164,6 +169,8 @@ class RequestLimitInterceptor(grpc.ServerInterceptor):
         if self.limit <= 0 or handler is None or handler.unary_unary is None:
             return handler
         parse, serve, limit = handler.request_deserializer, handler.unary_unary, self.limit
+        if handler_call_details.method.endswith("/Replicate"):
+            limit += FORWARD_ENVELOPE_BYTES  # a request the primary accepted, wrapped
         what = f"{self.where}: {handler_call_details.method.rsplit('/', 1)[-1]}"
 
         def deserialize(raw: bytes):

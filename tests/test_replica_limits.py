@@ -1,0 +1,56 @@
+"""A request the primary accepts is never too big, or too slow, for its backup.
+
+The primary forwards each mutation wrapped in a ReplicateRequest: a few bytes more than
+the client's request. A request just under the shard's limit must not push its forward
+over the backup's limit (which would drop the backup). Real replicated shard processes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ps_server.proto import ps_pb2 as pb
+from ps_server.replica import REQUEST_ID_KEY
+from ps_server.service import Service
+from ps_server.wire import TOKEN_KEY, to_array
+from spark_ps.client import PSClient
+from spark_ps.client.spec import TensorSpec
+
+pytestmark = pytest.mark.timeout(120)
+TOKEN = "replica-limit-token"
+
+
+def test_a_request_just_under_the_limit_is_forwarded_and_keeps_the_backup():
+    svc = Service(num_shards=1, token=TOKEN, replicas=2, max_request_mb=1)
+    svc.start()
+    supervisor = threading.Thread(target=svc.supervise, daemon=True)
+    supervisor.start()
+    c = PSClient(svc.address, TOKEN)
+    try:
+        limit = 1 << 20
+        n = (limit - 200) // 16  # keys and float64 values: just under 1 MB
+
+        def push(name: str) -> pb.PushRequest:
+            keys, values = to_array(np.arange(n, dtype=np.int64)), to_array(np.ones(n))
+            return pb.PushRequest(model=name, keys=keys, values=values, op=pb.ADD)
+
+        pad = limit - 2 - push("edge_w").ByteSize()
+        while push("edge_w" + "x" * pad).ByteSize() > limit - 2:  # the name's length varint
+            pad -= 1
+        name = "edge_w" + "x" * pad
+        req = push(name)
+        assert limit - 4 <= req.ByteSize() <= limit - 2  # under the limit by a few bytes
+        spec = TensorSpec(name=name, kind="dense", dim=1 << 17, cols=1, num_shards=1)
+        c.create(spec)
+        md = ((TOKEN_KEY, TOKEN), (REQUEST_ID_KEY, "edge-1"))
+        assert c.shards[0].Push(req, metadata=md, timeout=30).value == n
+        ((primary, backup),) = c.replica_digests()
+        assert backup is not None and primary.digest == backup.digest
+        assert svc.coordinator.counters["backup_lost"] == 0
+        np.testing.assert_array_equal(c.pull(spec, np.arange(3)), np.ones(3))
+    finally:
+        c.close()
+        svc.stop_event.set()
+        supervisor.join(30)
