@@ -9,9 +9,10 @@ are deterministic). A backup refuses client calls with UNAVAILABLE, so a client
 holding a stale shard map re-reads it.
 
 Retries: the client tags each request with an id (``x-spark-ps-request``); both
-replicas remember the answers of the last ``WINDOW`` mutating requests and
-answer a retried one from memory. So a request whose answer was lost when a
-primary died is applied exactly once, whether or not the backup had it.
+replicas remember the answers of mutating requests for the clients' retry horizon
+(:func:`retry_horizon`) and answer a retried one from memory. So a request whose
+answer was lost when a primary died is applied exactly once, whether or not the
+backup had it.
 
 If forwarding fails the primary tells the coordinator to drop that backup
 *before* it answers, so a backup that misses an update is never promoted; the
@@ -29,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -46,15 +47,24 @@ if TYPE_CHECKING:
 
     from ps_server.shard import ShardServicer
 
-__all__ = ["Replica", "REQUEST_ID_KEY", "MUTATIONS", "request_id", "digest", "WINDOW"]
+__all__ = ["Replica", "REQUEST_ID_KEY", "MUTATIONS", "request_id", "digest", "retry_horizon"]
 
 log = logging.getLogger("ps_server.replica")
 
 #: Metadata key of the per-request id a client sends with every shard call.
 REQUEST_ID_KEY = "x-spark-ps-request"
-#: How many answers of mutating requests a replica remembers for retries.
-WINDOW = 4096
-_WINDOW_BYTES = 64 << 20
+#: Bytes of remembered answers a replica holds at most; beyond it the oldest go (logged
+#: when one goes before the retry horizon, since a retry of it would be applied again).
+_WINDOW_BYTES = 256 << 20
+
+
+def retry_horizon() -> float:
+    """Seconds a replica remembers each answer ($SPARK_PS_RETRY_HORIZON, default 300): a
+    client retries a request for up to its rpcTimeout plus its retry window (120 s + 90 s
+    by default), so a retry within that time is answered from memory, never applied again."""
+    return float(os.environ.get("SPARK_PS_RETRY_HORIZON", "300"))
+
+
 _SEED_CHUNK = 4 << 20
 #: A forward's deadline when the client set none; else the client's own (a backup is
 #: dropped, and replaced, only when it is slower than the client is willing to wait).
@@ -115,7 +125,9 @@ class Replica:
         self._backup_stub: pb_grpc.ShardStub | None = None
         self._channel: grpc.Channel | None = None
         self.answers: OrderedDict[str, tuple[str, object]] = OrderedDict()
+        self._stamps: deque[float] = deque()  # when each answer (in order) was remembered
         self._answer_bytes = 0
+        self.horizon = retry_horizon()
         self.applied = 0
         self.apply_seconds = self.forward_seconds = 0.0
 
@@ -192,11 +204,28 @@ class Replica:
     def _remember(self, method: str, rid: str, answer: Message) -> None:
         if not rid or not MUTATIONS[method][2]:
             return
+        now = time.monotonic()
         self.answers[rid] = (method, answer)
+        self._stamps.append(now)
         self._answer_bytes += answer.ByteSize()
-        while len(self.answers) > WINDOW or self._answer_bytes > _WINDOW_BYTES:
-            _, (_, old) = self.answers.popitem(last=False)
-            self._answer_bytes -= old.ByteSize()
+        while self._stamps and now - self._stamps[0] > self.horizon:
+            self._forget_oldest()
+        while self._answer_bytes > _WINDOW_BYTES:
+            age = now - self._stamps[0]
+            log.warning(
+                "%s: remembered answers past %d MB; forgetting one %.0fs old, before the %.0fs "
+                "retry horizon (a retry of it would be applied again)",
+                self.where,
+                _WINDOW_BYTES >> 20,
+                age,
+                self.horizon,
+            )
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        _, (_, old) = self.answers.popitem(last=False)
+        self._stamps.popleft()
+        self._answer_bytes -= old.ByteSize()
 
     def _send(
         self, method: str, request: Message, rid: str, deadline: float | None
@@ -315,6 +344,7 @@ class Replica:
             self.servicer.models = {}
             self.servicer.adopt(models)  # they count against the shard's memory budget
             self.answers = answers
+            self._stamps = deque([time.monotonic()] * len(answers))
             self._answer_bytes = sum(a.ByteSize() for _, a in answers.values())
             self.applied, self.seeded = 0, True
             self.apply_seconds = 0.0
@@ -347,7 +377,7 @@ def snapshot(models: dict, answers: OrderedDict) -> bytes:
     """Models, pending exactly-once contributions and remembered answers as one npz blob.
 
     The answers travel as one byte array and its end offsets: one npz entry per answer
-    (up to WINDOW of them) cost ~0.3 s here, with every mutation waiting, and ~0.9 s on
+    (thousands of them) cost ~0.3 s here, with every mutation waiting, and ~0.9 s on
     the backup to read back.
     """
     arrays = checkpoint.model_arrays(models)

@@ -54,3 +54,25 @@ def test_a_request_just_under_the_limit_is_forwarded_and_keeps_the_backup():
         c.close()
         svc.stop_event.set()
         supervisor.join(30)
+
+
+def test_answers_are_remembered_for_the_retry_horizon_not_a_fixed_count():
+    """A retry is answered from memory however many requests came after it, as long as it
+    comes within the horizon (it was 4,096 answers); past the horizon the answer goes."""
+    from ps_server.replica import Replica
+    from ps_server.shard import ShardServicer
+
+    rep = Replica(ShardServicer(0), "primary")
+    applied: list[int] = []
+
+    def push(i: int) -> pb.Ack:
+        applied.append(i)
+        return pb.Ack(value=i)
+
+    for i in range(10_000):
+        rep.apply("Push", pb.PushRequest(), f"rid-{i}", lambda i=i: push(i))
+    assert rep.apply("Push", pb.PushRequest(), "rid-0", lambda: push(-1)).value == 0
+    assert len(applied) == 10_000  # the retry of the first was not applied again
+    rep.horizon = 0.0  # every answer is now past the horizon: the next one sweeps them
+    rep.apply("Push", pb.PushRequest(), "rid-new", lambda: push(10_000))
+    assert list(rep.answers) == ["rid-new"] and len(rep._stamps) == 1

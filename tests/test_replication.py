@@ -184,14 +184,14 @@ def test_online_reads_are_not_mutations(service):
 
 def test_a_snapshot_carries_a_full_answer_window_exactly_and_cheaply():
     """The remembered answers a new backup is seeded with (a retry after a failover is
-    answered from them): every one back, in order, as one array, not WINDOW npz entries
+    answered from them): every one back, in order, as one array, not 4,096 npz entries
     (that cost ~1.2 s of CPU here, the primary's mutations waiting for part of it)."""
     from collections import OrderedDict
 
-    from ps_server.replica import WINDOW, restore_snapshot, snapshot
+    from ps_server.replica import restore_snapshot, snapshot
 
     answers = OrderedDict()
-    for i in range(WINDOW):
+    for i in range(4096):
         method, answer = [
             ("Push", pb.Ack(value=i)),
             ("VectorOp", pb.Scalar(value=i / 7)),
