@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
@@ -66,6 +67,10 @@ def retry_horizon() -> float:
 
 
 _SEED_CHUNK = 4 << 20
+#: A seed's deadline grows by one second per this many bytes (beyond _FORWARD_TIMEOUT).
+_SEED_BYTES_PER_SECOND = 10e6
+#: Mutations logged during a seed that are replayed with the lock held (the rest before).
+_CATCH_UP_UNDER_LOCK = 64
 #: A forward's deadline when the client set none; else the client's own (a backup is
 #: dropped, and replaced, only when it is slower than the client is willing to wait).
 _FORWARD_TIMEOUT = 60.0
@@ -119,6 +124,8 @@ class Replica:
         self.seeded = role == "primary"  # a backup serves nothing until seeded
         # seed chunks stay under the request limit that the backup (same flags) enforces
         self.seed_chunk = min(_SEED_CHUNK, max_request_bytes or _SEED_CHUNK)
+        self.max_request_bytes = max_request_bytes
+        self._log: list[pb.ReplicateRequest] | None = None  # mutations while seeding
         self.coordinator, self._md = coordinator, ((TOKEN_KEY, token),)
         self.lock = threading.Lock()  # one mutation at a time: the same order on both
         self.backup = ""
@@ -170,6 +177,8 @@ class Replica:
             self._remember(method, rid, answer)
             self.applied += 1
             self.apply_seconds += time.perf_counter() - t
+            if self._log is not None:  # a backup is being seeded: it gets this afterwards
+                self._log.append(_forward(method, request, rid))
             if pending is not None:
                 t = time.perf_counter()
                 self._settle(method, pending, answer, None)
@@ -233,7 +242,7 @@ class Replica:
         if self._backup_stub is None:
             return None
         return self._backup_stub.Replicate.future(
-            pb.ReplicateRequest(method=method, request=request.SerializeToString(), request_id=rid),
+            _forward(method, request, rid),
             metadata=self._md,
             timeout=deadline if deadline and deadline > 0 else _FORWARD_TIMEOUT,
         )
@@ -291,11 +300,12 @@ class Replica:
                     )
                 self.role = "primary"
                 log.info("shard %d: promoted to primary", self.servicer.index)
-            if config.backup and config.backup != self.backup:
-                return self._seed_backup(config.backup)
             if not config.backup:
                 self._set_backup("")
-        return 0
+                return 0
+            if config.backup == self.backup:
+                return 0
+        return self._seed_backup(config.backup)
 
     def _set_backup(self, address: str) -> None:
         if self._channel is not None:
@@ -303,43 +313,91 @@ class Replica:
         self._channel = self._backup_stub = None
         self.backup = address
         if address:
-            from ps_server.tls import env_ca, open_channel
-
-            self._channel = open_channel(address, env_ca(), _OPTIONS)
+            self._channel = self._open(address)
             self._backup_stub = pb_grpc.ShardStub(self._channel)
 
     def _seed_backup(self, address: str) -> int:
-        """Stream the whole state to `address` (mutations wait on our lock), then forward."""
+        """Seed `address` with our state, then forward every mutation to it.
+
+        Mutations wait only while the state is copied (the cut). The copy is written to a
+        temp file and streamed with no lock held, while the mutations applied meanwhile
+        are logged; the log is then replayed to the backup, the last few entries under the
+        lock, which is released with forwarding on. So seeding a large shard does not
+        freeze writes, and its deadline grows with the bytes to send."""
         t = time.monotonic()
-        blob = snapshot(self.servicer.models, self.answers)
-        self._set_backup(address)
-        chunks = (
-            pb.SeedChunk(data=blob[i : i + self.seed_chunk])
-            for i in range(0, max(len(blob), 1), self.seed_chunk)
-        )
-        try:
-            self._backup_stub.Seed(chunks, metadata=self._md, timeout=_FORWARD_TIMEOUT)
-        except grpc.RpcError as e:
+        with self.lock:
+            if self._log is not None:
+                raise RequestError("FAILED_PRECONDITION", f"{self.where}: already seeding a backup")
             self._set_backup("")
+            arrays = snapshot_arrays(self.servicer.models, self.answers)  # copies: the cut
+            self._log = []
+        try:
+            with tempfile.TemporaryFile(prefix="spark-ps-seed-") as f:
+                write_snapshot(f, arrays)
+                del arrays
+                nbytes = f.tell()
+                f.seek(0)
+                stub = pb_grpc.ShardStub(self._open(address))
+                timeout = _FORWARD_TIMEOUT + nbytes / _SEED_BYTES_PER_SECOND
+                chunks = iter(lambda: f.read(self.seed_chunk), b"")
+                stub.Seed(
+                    (pb.SeedChunk(data=c) for c in chunks), metadata=self._md, timeout=timeout
+                )
+            self._catch_up(stub, address)
+        except (grpc.RpcError, RequestError) as e:
+            with self.lock:
+                self._log = None
+            why = e.details() if isinstance(e, grpc.RpcError) else str(e)
             raise RequestError(
-                "UNAVAILABLE", f"{self.where}: seeding backup {address} failed: {e.details()}"
+                "UNAVAILABLE", f"{self.where}: seeding backup {address} failed: {why}"
             ) from None
         log.info(
             "shard %d: seeded backup %s with %d models (%.1f MB) in %.2fs",
             self.servicer.index,
             address,
             len(self.servicer.models),
-            len(blob) / 1e6,
+            nbytes / 1e6,
             time.monotonic() - t,
         )
-        return len(blob)
+        return nbytes
+
+    def _catch_up(self, stub: pb_grpc.ShardStub, address: str) -> None:
+        """Replay the mutations logged since the cut, in order: rounds with no lock held
+        while the log is long, the rest under the lock, which then turns forwarding on."""
+        while True:
+            with self.lock:
+                batch, self._log = self._log, []
+                if len(batch) <= _CATCH_UP_UNDER_LOCK:
+                    self._replay(stub, batch)
+                    self._log = None
+                    self._set_backup(address)
+                    return
+            self._replay(stub, batch)
+
+    def _replay(self, stub: pb_grpc.ShardStub, batch: list[pb.ReplicateRequest]) -> None:
+        for req in batch:
+            stub.Replicate(req, metadata=self._md, timeout=_FORWARD_TIMEOUT)
+
+    def _open(self, address: str) -> grpc.Channel:
+        from ps_server.tls import env_ca, open_channel
+
+        return open_channel(address, env_ca(), _OPTIONS)
 
     def seed(self, chunks: Iterator[pb.SeedChunk]) -> int:
         """Backup side: replace our state with the primary's snapshot."""
         if self.role != "backup":
             raise RequestError("FAILED_PRECONDITION", f"{self.where}: only a backup is seeded")
-        blob = b"".join(c.data for c in chunks)
-        models, answers = restore_snapshot(blob)
+        with tempfile.TemporaryFile(prefix="spark-ps-seed-") as f:
+            for c in chunks:  # spooled to disk: the state is in memory once, when loaded
+                if self.max_request_bytes and len(c.data) > self.max_request_bytes:
+                    raise RequestError(
+                        "RESOURCE_EXHAUSTED",
+                        f"{self.where}: seed chunk of {len(c.data)} bytes is over the request "
+                        f"limit of {self.max_request_bytes}",
+                    )
+                f.write(c.data)
+            f.seek(0)
+            models, answers = restore_snapshot(f)
         with self.lock:
             self.servicer.models = {}
             self.servicer.adopt(models)  # they count against the shard's memory budget
@@ -362,6 +420,10 @@ class Replica:
             )
 
 
+def _forward(method: str, request: Message, rid: str) -> pb.ReplicateRequest:
+    return pb.ReplicateRequest(method=method, request=request.SerializeToString(), request_id=rid)
+
+
 # ---------------------------------------------------------------- snapshots
 def _contribution_arrays(models: dict) -> dict[str, np.ndarray]:
     arrays = {}
@@ -373,28 +435,42 @@ def _contribution_arrays(models: dict) -> dict[str, np.ndarray]:
     return arrays
 
 
-def snapshot(models: dict, answers: OrderedDict) -> bytes:
-    """Models, pending exactly-once contributions and remembered answers as one npz blob.
-
-    The answers travel as one byte array and its end offsets: one npz entry per answer
-    (thousands of them) cost ~0.3 s here, with every mutation waiting, and ~0.9 s on
-    the backup to read back.
-    """
+def snapshot_arrays(models: dict, answers: OrderedDict) -> dict:
+    """What a snapshot holds, taken at one instant: copies of the models' arrays, the
+    pending contributions (never changed in place) and the answers (a shallow copy)."""
     arrays = checkpoint.model_arrays(models)
     arrays.update(_contribution_arrays(models))
+    arrays["answers"] = OrderedDict(answers)
+    return arrays
+
+
+def write_snapshot(f, arrays: dict) -> None:
+    """`snapshot_arrays` as one npz into file `f`.
+
+    The answers travel as one byte array and its end offsets: one npz entry per answer
+    (thousands of them) cost ~0.3 s here, and ~0.9 s on the backup to read back.
+    """
+    arrays = dict(arrays)
+    answers = arrays.pop("answers")
     index = [[rid, method] for rid, (method, _) in answers.items()]
     arrays["answers"] = np.array(json.dumps(index))
     raw = [answer.SerializeToString() for _, answer in answers.values()]
     arrays["answer_bytes"] = np.frombuffer(b"".join(raw), dtype=np.uint8)
     arrays["answer_ends"] = np.cumsum([len(r) for r in raw], dtype=np.int64)
+    np.savez(f, **arrays)
+
+
+def snapshot(models: dict, answers: OrderedDict) -> bytes:
+    """Models, pending exactly-once contributions and remembered answers as one npz blob."""
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    write_snapshot(buf, snapshot_arrays(models, answers))
     return buf.getvalue()
 
 
-def restore_snapshot(blob: bytes) -> tuple[dict, OrderedDict]:
-    """Inverse of `snapshot`: (models with their pending contributions, answers)."""
-    data = np.load(io.BytesIO(blob), allow_pickle=False)
+def restore_snapshot(source) -> tuple[dict, OrderedDict]:
+    """Inverse of `snapshot` (its bytes, or a file it was written to): (models with their
+    pending contributions, answers)."""
+    data = np.load(io.BytesIO(source) if isinstance(source, bytes) else source, allow_pickle=False)
     models = checkpoint.models_from_arrays(data)
     by_prefix = {f"c{i}": t for i, (_n, t) in enumerate(sorted(models.items()))}
     contributed = [k.split(".") for k in data.files if k.startswith("c") and k.endswith(".k")]

@@ -76,3 +76,52 @@ def test_answers_are_remembered_for_the_retry_horizon_not_a_fixed_count():
     rep.horizon = 0.0  # every answer is now past the horizon: the next one sweeps them
     rep.apply("Push", pb.PushRequest(), "rid-new", lambda: push(10_000))
     assert list(rep.answers) == ["rid-new"] and len(rep._stamps) == 1
+
+
+@pytest.mark.slow
+def test_seeding_a_large_backup_does_not_freeze_writes_and_loses_none():
+    """A 200 MB shard loses its backup; while the new one is seeded, a writer keeps
+    pushing. No push waits for the seed (it used to hold the lock for all of it), and every
+    push made during it reaches the new backup: the replicas end identical."""
+    import os
+    import signal
+    import time
+
+    svc = Service(num_shards=1, token=TOKEN, replicas=2)
+    svc.start()
+    supervisor = threading.Thread(target=svc.supervise, daemon=True)
+    supervisor.start()
+    c = PSClient(svc.address, TOKEN)
+    try:
+        big = TensorSpec(name="seed_big", kind="dense", dim=25_000_000, cols=1, num_shards=1)
+        small = TensorSpec(name="seed_small", kind="dense", dim=10, cols=1, num_shards=1)
+        c.create(big)
+        c.create(small)
+        c.push(big, np.arange(0, 25_000_000, 1000), np.ones(25_000), "set")
+        lost = svc.coordinator.counters["resync"]
+        os.kill(svc.backups[0].pid, signal.SIGKILL)
+        latencies, stop = [], threading.Event()
+
+        def write() -> None:
+            while not stop.is_set():
+                t = time.monotonic()
+                c.push(small, np.arange(10), np.ones(10))
+                latencies.append(time.monotonic() - t)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + 90
+        while svc.coordinator.counters["resync"] == lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        stop.set()
+        writer.join(30)
+        assert svc.coordinator.counters["resync"] == lost + 1
+        assert len(latencies) > 20 and max(latencies) < 1.0, max(latencies)
+        ((primary, backup),) = c.replica_digests()
+        assert backup is not None and primary.digest == backup.digest
+        np.testing.assert_array_equal(c.pull(small, np.arange(10)), np.full(10, len(latencies)))
+    finally:
+        c.close()
+        svc.stop_event.set()
+        supervisor.join(30)
