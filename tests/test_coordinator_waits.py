@@ -1,0 +1,132 @@
+"""The coordinator against a real `spark-ps-server` on loopback: a crowd of waiting
+workers does not keep it from answering, and its guards (token, request size, refusals
+that name their reason) hold on its asyncio server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.service import Service
+from ps_server.wire import TOKEN_KEY
+from spark_ps import PSContext
+from spark_ps.client import PSError
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Concurrent Wait calls: far above the 128 threads that once served the coordinator.
+CROWD = 1500
+#: How long a Post / GetShardMap may take with the crowd waiting (the bench shows ~ms).
+ANSWER_SECONDS = 2.0
+
+
+@pytest.fixture(scope="module")
+def own_ps():
+    ps = PSContext.start(numShards=1)
+    yield ps
+    ps.stop()
+
+
+async def _timed(call, *args, **kw) -> float:
+    t = time.perf_counter()
+    await call(*args, **kw)
+    return time.perf_counter() - t
+
+
+async def _crowd_then_post(address: str, token: str, topic: str) -> dict:
+    """Park CROWD Wait calls on `topic`, then Post it and read the shard map, timed."""
+    md = ((TOKEN_KEY, token),)
+    # a few connections, as many workers would have (one stream each would need 1,500)
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(4)
+    ]
+    try:
+        stubs = [pb_grpc.CoordinatorStub(ch) for ch in channels]
+        waits = [
+            stubs[i % len(stubs)].Wait(
+                pb.WaitRequest(topic=topic, min_round=1, timeout=30), metadata=md, timeout=35
+            )
+            for i in range(CROWD)
+        ]
+        driver = pb_grpc.CoordinatorStub(channels[0])
+        out = {}
+        try:
+            # a call sent after the crowd on each connection: answered once the crowd is in
+            probes = [s.GetShardMap(pb.Empty(), metadata=md, timeout=10) for s in stubs]
+            await asyncio.gather(*probes)
+            await asyncio.sleep(0.5)
+            early = [w for w in waits if w.done()]
+            out["early"] = len(early)
+            if early:
+                out["first_early"] = f"{await early[0].code()}: {await early[0].details()}"
+            out["post"] = await _timed(
+                driver.Post,
+                pb.PostRequest(topic=topic, round=1, payload="{}"),
+                metadata=md,
+                timeout=5,
+            )
+            out["map"] = await _timed(driver.GetShardMap, pb.Empty(), metadata=md, timeout=5)
+        except grpc.aio.AioRpcError as e:
+            out["error"] = f"{e.code().name}: {e.details()}"  # probe, Post or map
+            return out
+        got = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 30)
+        out["released"] = sum(isinstance(r, pb.PostRequest) and r.round == 1 for r in got)
+        return out
+    finally:
+        for ch in channels:
+            await ch.close()
+
+
+def test_a_post_is_answered_and_every_waiter_released_with_1500_waiting(own_ps):
+    out = asyncio.run(_crowd_then_post(own_ps.address, own_ps.token, "crowd"))
+    assert "error" not in out, f"with {CROWD} waiters: {out}"
+    assert out["early"] == 0, out  # nobody was answered before the Post
+    assert out["post"] < ANSWER_SECONDS and out["map"] < ANSWER_SECONDS, out
+    assert out["released"] == CROWD, out
+
+
+def _coordinator(address: str) -> tuple[grpc.Channel, pb_grpc.CoordinatorStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, pb_grpc.CoordinatorStub(channel)
+
+
+@pytest.mark.parametrize("token", [None, "wrong"], ids=["missing", "wrong"])
+def test_the_coordinator_refuses_a_call_without_its_token(own_ps, token):
+    channel, stub = _coordinator(own_ps.address)
+    md = () if token is None else ((TOKEN_KEY, token),)
+    with channel, pytest.raises(grpc.RpcError) as e:
+        stub.Post(pb.PostRequest(topic=f"t-{token}", round=5), metadata=md, timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "auth token" in e.value.details() and "Coordinator/Post" in e.value.details()
+    with pytest.raises(PSError, match="timed out"):  # the refused Post posted nothing
+        own_ps.client.wait(f"t-{token}", 0, timeout=0.2)
+
+
+def test_a_bad_request_is_refused_with_its_reason(own_ps):
+    with pytest.raises(PSError, match="barrier 'x': empty worker id") as e:
+        own_ps.client.barrier("x", "", 2, timeout=1)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(PSError, match="wait for 'never' round 1: timed out after 0.3s") as e:
+        own_ps.client.wait("never", 1, timeout=0.3)
+    assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_the_coordinator_refuses_a_request_over_its_limit():
+    svc = Service(num_shards=1, token="t", max_request_mb=0.25)
+    svc.start()
+    channel, stub = _coordinator(svc.address)
+    try:
+        with channel, pytest.raises(grpc.RpcError) as e:
+            big = pb.PostRequest(topic="big", round=1, payload="x" * (300 << 10))
+            stub.Post(big, metadata=((TOKEN_KEY, "t"),), timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "coordinator: Post: request of" in e.value.details()
+        assert svc.coordinator.board.get("big") is None
+    finally:
+        svc.stop()
