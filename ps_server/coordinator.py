@@ -255,17 +255,21 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             lambda: self._release_barrier(name, generation, request.count),
             request,
             context,
-            lambda: f"barrier {name!r} ({len(arrived)}/{request.count})",
+            lambda: f"barrier {name!r} ({len(arrived - self.removed[name])}/{request.count})",
         )
         return pb.Ack(value=released)
 
     def _release_barrier(self, name: str, generation: int, count: int) -> int | None:
-        """The next generation once `generation` of barrier `name` is released, else None."""
+        """The next generation once `generation` of barrier `name` is released, else None.
+
+        It is released when its live arrivals (removed workers do not count, whether
+        they were removed before or after they arrived) reach `count` minus the removed.
+        """
         current, arrived = self.barriers[name]
         if current > generation:
             return generation + 1
         removed = self.removed[name]
-        if len(arrived) < count - len(removed):
+        if len(arrived - removed) < count - len(removed):
             return None
         self.barriers[name] = (generation + 1, set())
         self._notify(("barrier", name))

@@ -1,10 +1,12 @@
 """The coordinator against a real `spark-ps-server` on loopback: a crowd of waiting
-workers does not keep it from answering, and its guards (token, request size, refusals
-that name their reason) hold on its asyncio server."""
+workers does not keep it from answering, a barrier counts only live arrivals, and its
+guards (token, request size, refusals that name their reason) hold on its asyncio
+server."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import grpc
@@ -89,6 +91,33 @@ def test_a_post_is_answered_and_every_waiter_released_with_1500_waiting(own_ps):
     assert out["early"] == 0, out  # nobody was answered before the Post
     assert out["post"] < ANSWER_SECONDS and out["map"] < ANSWER_SECONDS, out
     assert out["released"] == CROWD, out
+
+
+def _arrive(client, worker: str, done: dict) -> threading.Thread:
+    def run() -> None:
+        try:
+            client.barrier("b3", worker, count=3, timeout=30)
+            done[worker] = time.monotonic()
+        except PSError as e:
+            done[worker] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_removed_arrival_does_not_stand_in_for_a_missing_worker(own_ps):
+    client, done = own_ps.client, {}
+    a = _arrive(client, "A", done)
+    time.sleep(0.5)
+    client.remove_worker("b3", "A")  # A arrived, then was lost: 2 live workers make it
+    b = _arrive(client, "B", done)
+    b.join(1.5)
+    assert b.is_alive() and not done, f"released before C arrived: {done}"
+    c = _arrive(client, "C", done)
+    for t in (a, b, c):
+        t.join(20)
+    assert all(isinstance(done.get(w), float) for w in "ABC"), done
 
 
 def _coordinator(address: str) -> tuple[grpc.Channel, pb_grpc.CoordinatorStub]:
