@@ -224,6 +224,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise RequestError("NOT_FOUND", f"unknown model {request.name!r}")
         return spec
 
+    @_guard
+    async def UnregisterModel(self, request, context):
+        """Forget a dropped model, so its name may be registered again with any spec."""
+        with self.cond:
+            return pb.Ack(value=int(self.models.pop(request.name, None) is not None))
+
     # ------------------------------------------------------------ synchronization
     async def _wait_or_fail(
         self,

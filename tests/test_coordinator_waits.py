@@ -1,7 +1,6 @@
-"""The coordinator against a real `spark-ps-server` on loopback: a crowd of waiting
-workers does not keep it from answering, a barrier counts only live arrivals, and its
-guards (token, request size, refusals that name their reason) hold on its asyncio
-server."""
+"""The coordinator's waits against a real `spark-ps-server` on loopback: a crowd of
+waiting workers does not keep it from answering, a barrier counts only live arrivals,
+and a dropped model's name is free again."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import threading
 import time
 
 import grpc
+import numpy as np
 import pytest
 
 from ps_server.proto import ps_pb2 as pb
@@ -18,6 +18,7 @@ from ps_server.service import Service
 from ps_server.wire import TOKEN_KEY
 from spark_ps import PSContext
 from spark_ps.client import PSError
+from spark_ps.models import PSMatrix, PSVector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,6 +119,21 @@ def test_a_removed_arrival_does_not_stand_in_for_a_missing_worker(own_ps):
     for t in (a, b, c):
         t.join(20)
     assert all(isinstance(done.get(w), float) for w in "ABC"), done
+
+
+def test_a_dropped_models_name_takes_a_new_shape(own_ps):
+    first = PSVector.dense(100, name="m", context=own_ps)
+    first.fill(1.0)
+    first.drop()
+    again = PSVector.dense(200, name="m", context=own_ps)
+    np.testing.assert_array_equal(again.pull(), np.zeros(200))
+    again.drop()
+    again.drop()  # dropping twice is harmless
+    table = PSMatrix.dense(50, 3, name="m", context=own_ps)
+    assert own_ps.client.lookup("m").cols == 3
+    np.testing.assert_array_equal(table.pull(), np.zeros((50, 3)))
+    with pytest.raises(PSError, match="exists with kind=dense dim=50 cols=3"):
+        PSVector.dense(7, name="m", context=own_ps)  # a live model's name stays taken
 
 
 def _coordinator(address: str) -> tuple[grpc.Channel, pb_grpc.CoordinatorStub]:

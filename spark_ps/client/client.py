@@ -336,9 +336,12 @@ class PSClient:
         return TensorSpec.from_global(self._coord("GetModel", pb.ModelRef(name=name)))
 
     def drop(self, spec: TensorSpec) -> None:
+        """Drop the model from every shard, then free its name at the coordinator (in that
+        order: a drop that fails half-way keeps the name, and dropping again finishes it)."""
         self._fanout(
             "DropModel", [(s, pb.ModelRef(name=spec.name)) for s in range(spec.num_shards)]
         )
+        self._coord("UnregisterModel", pb.ModelRef(name=spec.name))
 
     # ------------------------------------------------------------ data plane
     def pull(self, spec: TensorSpec, keys: np.ndarray, slot: str = "") -> np.ndarray:
