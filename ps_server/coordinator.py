@@ -516,7 +516,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             for q in self.queues.values():  # leases lapse even when nobody asks for work
                 self._expire(q)
-            return pb.Metrics(counters=dict(self.counters))
+            return pb.Metrics(counters=dict(self.counters), waiting=len(self.waiters))
 
     @_guard
     async def Shutdown(self, request, context):

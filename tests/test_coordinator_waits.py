@@ -41,6 +41,16 @@ async def _timed(call, *args, **kw) -> float:
     return time.perf_counter() - t
 
 
+async def _parked(stub: pb_grpc.CoordinatorStub, md, n: int, limit: float) -> int:
+    """Calls waiting at the coordinator, once they are `n` or after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        waiting = (await stub.GetMetrics(pb.Empty(), metadata=md, timeout=5)).waiting
+        if waiting >= n or time.monotonic() > deadline:
+            return waiting
+        await asyncio.sleep(0.05)
+
+
 async def _crowd_then_post(address: str, token: str, topic: str) -> dict:
     """Park CROWD Wait calls on `topic`, then Post it and read the shard map, timed."""
     md = ((TOKEN_KEY, token),)
@@ -60,10 +70,7 @@ async def _crowd_then_post(address: str, token: str, topic: str) -> dict:
         driver = pb_grpc.CoordinatorStub(channels[0])
         out = {}
         try:
-            # a call sent after the crowd on each connection: answered once the crowd is in
-            probes = [s.GetShardMap(pb.Empty(), metadata=md, timeout=10) for s in stubs]
-            await asyncio.gather(*probes)
-            await asyncio.sleep(0.5)
+            out["parked"] = await _parked(driver, md, CROWD, 20)
             early = [w for w in waits if w.done()]
             out["early"] = len(early)
             if early:
@@ -76,7 +83,7 @@ async def _crowd_then_post(address: str, token: str, topic: str) -> dict:
             )
             out["map"] = await _timed(driver.GetShardMap, pb.Empty(), metadata=md, timeout=5)
         except grpc.aio.AioRpcError as e:
-            out["error"] = f"{e.code().name}: {e.details()}"  # probe, Post or map
+            out["error"] = f"{e.code().name}: {e.details()}"  # GetMetrics, Post or map
             return out
         got = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 30)
         out["released"] = sum(isinstance(r, pb.PostRequest) and r.round == 1 for r in got)
@@ -89,7 +96,7 @@ async def _crowd_then_post(address: str, token: str, topic: str) -> dict:
 def test_a_post_is_answered_and_every_waiter_released_with_1500_waiting(own_ps):
     out = asyncio.run(_crowd_then_post(own_ps.address, own_ps.token, "crowd"))
     assert "error" not in out, f"with {CROWD} waiters: {out}"
-    assert out["early"] == 0, out  # nobody was answered before the Post
+    assert out["parked"] == CROWD and out["early"] == 0, out  # all waited for the Post
     assert out["post"] < ANSWER_SECONDS and out["map"] < ANSWER_SECONDS, out
     assert out["released"] == CROWD, out
 
