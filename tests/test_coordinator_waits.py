@@ -182,3 +182,14 @@ def test_the_coordinator_refuses_a_request_over_its_limit():
         assert svc.coordinator.board.get("big") is None
     finally:
         svc.stop()
+
+
+def test_a_waiting_get_task_gets_a_lease_that_lapses_meanwhile(own_ps):
+    """Nothing notifies a lapsing lease: the waiter must wake at its expiry by itself."""
+    client = own_ps.client
+    client.add_tasks("lapse", ["only"], lease_seconds=0.5)
+    assert client.get_task("lapse", "silent", timeout=1).task == "only"  # never heartbeats
+    t = time.monotonic()
+    lease = client.get_task("lapse", "next", timeout=20)
+    assert (lease.task, lease.attempt) == ("only", 1)
+    assert time.monotonic() - t < 5  # at the lease's expiry, not at the call's timeout
