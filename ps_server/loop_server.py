@@ -24,7 +24,8 @@ _CALL_SECONDS = 30.0
 
 
 class LoopServer:
-    """Serve what `setup(server)` registers on `address` (TLS as ``tls.bind`` decides)."""
+    """Serve what `setup(server)` registers on `address` (TLS as ``tls.bind`` decides);
+    `port` is the bound port, 0 if `address` could not be bound."""
 
     def __init__(
         self,
@@ -60,7 +61,10 @@ class LoopServer:
     async def _create(setup, address, interceptors, options) -> tuple[grpc.aio.Server, int]:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         setup(server)
-        return server, tls.bind(server, address)
+        try:
+            return server, tls.bind(server, address)
+        except RuntimeError:  # grpc.aio raises where grpc.server returns 0: keep the latter
+            return server, 0
 
     def start(self) -> None:
         self._run(self.server.start())

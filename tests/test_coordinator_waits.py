@@ -5,6 +5,7 @@ and a dropped model's name is free again."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -193,3 +194,20 @@ def test_a_waiting_get_task_gets_a_lease_that_lapses_meanwhile(own_ps):
     lease = client.get_task("lapse", "next", timeout=20)
     assert (lease.task, lease.attempt) == ("only", 1)
     assert time.monotonic() - t < 5  # at the lease's expiry, not at the call's timeout
+
+
+def test_a_coordinator_port_in_use_is_an_error_naming_it_and_leaves_no_thread():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port, before = taken.getsockname()[1], _loop_threads()
+    try:
+        with pytest.raises(OSError, match=f"cannot bind coordinator to 127.0.0.1:{port}"):
+            Service(port=port)
+    finally:
+        taken.close()
+    assert _loop_threads() == before  # its event-loop thread ended too
+
+
+def _loop_threads() -> int:
+    return sum(t.name == "coordinator event loop" for t in threading.enumerate())
