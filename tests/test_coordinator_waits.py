@@ -211,3 +211,26 @@ def test_a_coordinator_port_in_use_is_an_error_naming_it_and_leaves_no_thread():
 
 def _loop_threads() -> int:
     return sum(t.name == "coordinator event loop" for t in threading.enumerate())
+
+
+async def _abandon(address: str, token: str, n: int) -> tuple[int, int]:
+    """Park `n` Waits whose callers give up after 3 s (the request asks for 30 s):
+    calls waiting while parked, and once the callers left (within 5 s more)."""
+    md = ((TOKEN_KEY, token),)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        request = pb.WaitRequest(topic="abandoned", min_round=1, timeout=30)
+        calls = [stub.Wait(request, metadata=md, timeout=3) for _ in range(n)]
+        parked = await _parked(stub, md, n, 2.5)
+        await asyncio.gather(*calls, return_exceptions=True)
+        deadline = time.monotonic() + 5
+        while True:
+            left = (await stub.GetMetrics(pb.Empty(), metadata=md, timeout=5)).waiting
+            if not left or time.monotonic() > deadline:
+                return parked, left
+            await asyncio.sleep(0.1)
+
+
+def test_a_caller_that_gives_up_leaves_no_waiter_behind(own_ps):
+    parked, left = asyncio.run(_abandon(own_ps.address, own_ps.token, 200))
+    assert parked == 200 and left == 0
