@@ -11,7 +11,7 @@ import grpc
 
 from ps_server.wire import TOKEN_KEY
 
-__all__ = ["TokenInterceptor", "new_token", "is_loopback", "TOKEN_KEY"]
+__all__ = ["TokenInterceptor", "AioTokenInterceptor", "new_token", "is_loopback", "TOKEN_KEY"]
 
 
 def new_token() -> str:
@@ -38,6 +38,30 @@ def _refuse(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     )
 
 
+def _refuse_async(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    async def handler(request, context):
+        await context.abort(code, message)
+
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=lambda b: b, response_serializer=lambda b: b
+    )
+
+
+def _refusal(token: bytes, details: grpc.HandlerCallDetails) -> str | None:
+    """Why a call must be refused (its token is missing or wrong), or None to serve it."""
+    if not token:
+        return None
+    sent = None
+    for key, value in details.invocation_metadata or ():
+        if key == TOKEN_KEY:
+            sent = value.encode() if isinstance(value, str) else value
+    if sent is None:
+        return f"missing auth token ({TOKEN_KEY} metadata) on {details.method}"
+    if not hmac.compare_digest(sent, token):
+        return f"bad auth token on {details.method}"
+    return None
+
+
 class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses a call whose token is missing or wrong before any handler runs."""
 
@@ -45,19 +69,20 @@ class TokenInterceptor(grpc.ServerInterceptor):
         self._token = token.encode()
 
     def intercept_service(self, continuation, handler_call_details):
-        if not self._token:
-            return continuation(handler_call_details)
-        sent = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == TOKEN_KEY:
-                sent = value.encode() if isinstance(value, str) else value
-        if sent is None:
-            return _refuse(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"missing auth token ({TOKEN_KEY} metadata) on {handler_call_details.method}",
-            )
-        if not hmac.compare_digest(sent, self._token):
-            return _refuse(
-                grpc.StatusCode.UNAUTHENTICATED, f"bad auth token on {handler_call_details.method}"
-            )
+        why = _refusal(self._token, handler_call_details)
+        if why is not None:
+            return _refuse(grpc.StatusCode.UNAUTHENTICATED, why)
         return continuation(handler_call_details)
+
+
+class AioTokenInterceptor(grpc.aio.ServerInterceptor):
+    """`TokenInterceptor` for a ``grpc.aio`` server (the coordinator)."""
+
+    def __init__(self, token: str):
+        self._token = token.encode()
+
+    async def intercept_service(self, continuation, handler_call_details):
+        why = _refusal(self._token, handler_call_details)
+        if why is not None:
+            return _refuse_async(grpc.StatusCode.UNAUTHENTICATED, why)
+        return await continuation(handler_call_details)

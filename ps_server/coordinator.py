@@ -1,9 +1,18 @@
 """The control plane: shard map, model registry, barriers, clocks, the round board,
 the task queues and the recovery counters.
 
-Everything blocking (barriers, SSP clocks, waits, collects) waits on one condition
-variable with a deadline, and a worker that is removed (lost executor, failed
-task) stops counting, so nobody waits for the dead forever.
+Served by ``grpc.aio`` (``ps_server.loop_server``): every handler is a coroutine on one
+event loop, and a blocking call (barrier, SSP clock, board wait, collect, task lease) is
+a future parked in ``ps_server.waiting.Waiters`` under the key of what it waits for, so
+waiting costs no thread (the reasons for this design are in ``ps_server.waiting``).
+Whatever changes that state notifies the key, and the waiter runs its check again. A
+worker that is removed (lost executor, failed task) stops counting, so nobody waits for
+the dead forever; every wait ends by its request's timeout (``waiting.wait_deadline``).
+
+All state is guarded by ``self.cond`` (a re-entrant lock, kept under that name for the
+service's supervisor threads, which call ``promote``, ``attach_backup``, ``drop_backup``,
+``count`` and ``ready`` and read the shard map under it). The loop holds it only for
+short, non-blocking steps; ``Waiters.notify`` is safe from those threads too.
 """
 
 from __future__ import annotations
@@ -12,13 +21,15 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import numpy as np
 
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.tasks import TaskQueue
+from ps_server.waiting import Waiters, wait_deadline
 from ps_server.wire import RequestError, from_array, guard, to_array
 
 __all__ = ["CoordinatorServicer", "COUNTERS"]
@@ -40,10 +51,14 @@ COUNTERS = (
 _guard = guard(lambda self: "coordinator")
 #: Released clock calls kept for inspection (`GetClockLog`); older ones are dropped.
 CLOCK_LOG_SIZE = 100_000
+#: Floor of the pause between two looks at a task queue's lapsing leases.
+_LEASE_RECHECK_SECONDS = 0.01
+
+T = TypeVar("T")
 
 
 class CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    """State of the control plane; all fields are guarded by `self.cond`."""
+    """State of the control plane; all fields are guarded by `self.cond` (see module doc)."""
 
     def __init__(
         self,
@@ -51,7 +66,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         on_shutdown: Callable[[], None] | None = None,
         max_request_bytes: int = 0,
     ):
-        self.cond = threading.Condition()
+        self.cond = threading.RLock()
+        self.waiters = Waiters()
         self.max_request_bytes = max_request_bytes
         self.addresses = [""] * num_shards  # the primaries (or solo shards) clients use
         self.pids = [0] * num_shards  # process ids of the primaries
@@ -78,6 +94,35 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self.counters[event] += int(n)
             return self.counters[event]
 
+    def _notify(self, *keys: Hashable) -> None:
+        """Wake the calls waiting on `keys` (any thread; under `cond` or not)."""
+        self.waiters.notify(*keys)
+
+    async def _until(
+        self,
+        keys: tuple[Hashable, ...],
+        attempt: Callable[[], T | None],
+        deadline: float,
+        recheck_at: Callable[[], float | None] | None = None,
+    ) -> T | None:
+        """Run `attempt()` under `cond` now and whenever `keys` are notified, until it
+        returns a result (returned) or monotonic `deadline` passes (None).
+
+        `attempt` checks and acts in one step, so nothing comes between the two;
+        `recheck_at()` (under `cond` too) is a time to look again although nobody
+        notified (a lease that may lapse), or None.
+        """
+        while True:
+            with self.cond:
+                got = attempt()
+                wake = recheck_at() if got is None and recheck_at is not None else None
+            if got is not None:
+                return got
+            if time.monotonic() >= deadline:
+                return None
+            until = deadline if wake is None else min(deadline, wake)
+            await self.waiters.park(keys, until)
+
     # ------------------------------------------------------------ shards & models
     def ready(self) -> bool:
         with self.cond:
@@ -99,12 +144,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             )
 
     @_guard
-    def GetShardMap(self, request, context):
+    async def GetShardMap(self, request, context):
         with self.cond:
             return self._map()
 
     @_guard
-    def RegisterShard(self, request, context):
+    async def RegisterShard(self, request, context):
         """A primary (or solo shard) enters the map; a backup waits to be seeded."""
         with self.cond:
             self._check_index(request.index)
@@ -116,11 +161,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.backups[request.index] = ""  # a new primary starts without a backup
                 self.epoch += 1
                 self.restarts += 1
-            self.cond.notify_all()
+            self._notify(_SHARDS)
             return self._map()
 
     @_guard
-    def DropReplica(self, request, context):
+    async def DropReplica(self, request, context):
         """The primary of `index` could not update its backup: never promote that one."""
         with self.cond:
             self._check_index(request.index)
@@ -134,6 +179,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 return False
             self.backups[index] = ""
             self.counters["backup_lost"] += 1
+            self._notify(_SHARDS)
             return True
 
     def attach_backup(self, index: int, address: str, resync: bool = True) -> None:
@@ -142,6 +188,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self.joining.pop(index, None)
             self.backups[index] = address
             self.counters["resync"] += int(resync)
+            self._notify(_SHARDS)
 
     def promote(self, index: int, pid: int) -> str:
         """The backup of `index` (process `pid`) becomes its primary; returns its address."""
@@ -152,11 +199,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.pids[index] = pid
                 self.epoch += 1
                 self.counters["promotion"] += 1
-                self.cond.notify_all()
+                self._notify(_SHARDS)
             return address
 
     @_guard
-    def RegisterModel(self, request, context):
+    async def RegisterModel(self, request, context):
         with self.cond:
             old = self.models.get(request.name)
             if old is not None and old != request:
@@ -170,82 +217,112 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return pb.Ack(value=len(self.models))
 
     @_guard
-    def GetModel(self, request, context):
+    async def GetModel(self, request, context):
         with self.cond:
             spec = self.models.get(request.name)
         if spec is None:
             raise RequestError("NOT_FOUND", f"unknown model {request.name!r}")
         return spec
 
+    @_guard
+    async def UnregisterModel(self, request, context):
+        """Forget a dropped model, so its name may be registered again with any spec."""
+        with self.cond:
+            return pb.Ack(value=int(self.models.pop(request.name, None) is not None))
+
     # ------------------------------------------------------------ synchronization
-    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + (timeout if timeout > 0 else 3600.0)
-        while not predicate():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RequestError("DEADLINE_EXCEEDED", f"{what}: timed out after {timeout}s")
-            self.cond.wait(min(left, 1.0))
+    async def _wait_or_fail(
+        self,
+        keys: tuple[Hashable, ...],
+        attempt: Callable[[], T | None],
+        request,
+        context,
+        what: Callable[[], str],
+    ) -> T:
+        """`_until` within the request's timeout; DEADLINE_EXCEEDED naming `what()` after."""
+        got = await self._until(keys, attempt, wait_deadline(request.timeout, _left(context)))
+        if got is None:
+            with self.cond:
+                raise RequestError(
+                    "DEADLINE_EXCEEDED", f"{what()}: timed out after {request.timeout}s"
+                )
+        return got
 
     @_guard
-    def Barrier(self, request, context):
+    async def Barrier(self, request, context):
         name, worker = request.name, request.worker
         if not worker:
             raise RequestError("INVALID_ARGUMENT", f"barrier {name!r}: empty worker id")
         with self.cond:
             generation, arrived = self.barriers.setdefault(name, (0, set()))
             arrived.add(worker)
-            if len(arrived) >= request.count - len(self.removed[name]):
-                self.barriers[name] = (generation + 1, set())
-                self.cond.notify_all()
-                return pb.Ack(value=generation + 1)
-            self._wait(
-                lambda: (
-                    self.barriers[name][0] > generation
-                    or len(arrived) >= request.count - len(self.removed[name])
-                ),
-                request.timeout,
-                f"barrier {name!r} ({len(arrived)}/{request.count})",
-            )
-            if self.barriers[name][0] == generation:  # released by a removal
-                self.barriers[name] = (generation + 1, set())
-                self.cond.notify_all()
-            return pb.Ack(value=generation + 1)
+        released = await self._wait_or_fail(
+            (("barrier", name),),
+            lambda: self._release_barrier(name, generation, request.count),
+            request,
+            context,
+            lambda: f"barrier {name!r} ({len(arrived - self.removed[name])}/{request.count})",
+        )
+        return pb.Ack(value=released)
+
+    def _release_barrier(self, name: str, generation: int, count: int) -> int | None:
+        """The next generation once `generation` of barrier `name` is released, else None.
+
+        It is released when its live arrivals (removed workers do not count, whether
+        they were removed before or after they arrived) reach `count` minus the removed.
+        """
+        current, arrived = self.barriers[name]
+        if current > generation:
+            return generation + 1
+        removed = self.removed[name]
+        if len(arrived - removed) < count - len(removed):
+            return None
+        self.barriers[name] = (generation + 1, set())
+        self._notify(("barrier", name))
+        return generation + 1
 
     @_guard
-    def Clock(self, request, context):
+    async def Clock(self, request, context):
         group, worker = request.group, request.worker
         with self.cond:
             clocks = self.clocks[group]
             _check_clock(request, clocks, self.removed[group])
             clocks[worker] = max(clocks.get(worker, 0), request.clock)
-            self.cond.notify_all()
+            self._notify(("clock", group))
+        return await self._wait_or_fail(
+            (("clock", group),),
+            lambda: self._release_clock(request),
+            request,
+            context,
+            lambda: f"clock {group!r} worker {worker!r}",
+        )
 
-            def live_min() -> int | None:
-                live = {w: c for w, c in clocks.items() if w not in self.removed[group]}
-                need = request.num_workers - len(self.removed[group])
-                if len(live) < need:
-                    return None
-                return min(live.values())
+    def _live_min(self, group: str, num_workers: int) -> int | None:
+        """The smallest clock of the live workers of `group`, None until all have one."""
+        removed = self.removed[group]
+        live = [c for w, c in self.clocks[group].items() if w not in removed]
+        if len(live) < num_workers - len(removed):
+            return None
+        return min(live)
 
-            def ok() -> bool:
-                m = live_min()
-                return m is not None and m >= request.clock - request.staleness
-
-            self._wait(ok, request.timeout, f"clock {group!r} worker {worker!r}")
-            m = live_min()
-            self.clock_log.append(
-                pb.ClockEntry(
-                    group=group,
-                    worker=worker,
-                    clock=request.clock,
-                    min_clock=m,
-                    staleness=request.staleness,
-                )
+    def _release_clock(self, request: pb.ClockRequest) -> pb.ClockResponse | None:
+        """The answer once every live worker is within `staleness` clocks (logged), else None."""
+        m = self._live_min(request.group, request.num_workers)
+        if m is None or m < request.clock - request.staleness:
+            return None
+        self.clock_log.append(
+            pb.ClockEntry(
+                group=request.group,
+                worker=request.worker,
+                clock=request.clock,
+                min_clock=m,
+                staleness=request.staleness,
             )
-            return pb.ClockResponse(min_clock=m)
+        )
+        return pb.ClockResponse(min_clock=m)
 
     @_guard
-    def GetClockLog(self, request, context):
+    async def GetClockLog(self, request, context):
         """The logged clock calls of groups starting with `request.group` (all with "")."""
         with self.cond:
             return pb.ClockLog(
@@ -253,22 +330,22 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             )
 
     @_guard
-    def Heartbeat(self, request, context):
+    async def Heartbeat(self, request, context):
         with self.cond:
             self.heartbeats[(request.group, request.worker)] = time.time()
         return pb.Ack()
 
     @_guard
-    def RemoveWorker(self, request, context):
+    async def RemoveWorker(self, request, context):
         """Drop a worker from a group; group "*" with worker "executor:<id>" drops every
         worker of that executor (ids "executor:<id>/...") from every group."""
         with self.cond:
             if request.group != "*":
                 self.removed[request.group].add(request.worker)
-                self._lost(request.worker, lambda w: w == request.worker, request.group)
+                self._lost(request.worker, lambda w: w == request.worker, {request.group})
                 return pb.Ack(value=1)
             prefix = request.worker + "/"
-            n = 0
+            n, touched = 0, set()
             groups = set(self.clocks) | {g for g, _ in self.heartbeats}
             for group in groups:
                 known = set(self.clocks.get(group, {})) | {
@@ -277,60 +354,82 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 for worker in known:
                     if worker.startswith(prefix) and worker not in self.removed[group]:
                         self.removed[group].add(worker)
+                        touched.add(group)
                         n += 1
-            self._lost(request.worker, lambda w: w.startswith(prefix), "*")
+            self._lost(request.worker, lambda w: w.startswith(prefix), touched, everywhere=True)
             return pb.Ack(value=n)
 
-    def _lost(self, who: str, match: Callable[[str], bool], group: str) -> None:
-        """Count a lost worker (or executor) and give its leased tasks back (holds `cond`)."""
+    def _lost(
+        self, who: str, match: Callable[[str], bool], groups: set[str], everywhere: bool = False
+    ) -> None:
+        """Count a lost worker (or executor), give its leased tasks back and wake whoever
+        waits on `groups` (holds `cond`); `everywhere`: its tasks in every queue."""
         self.counters["worker_lost"] += 1
         for q in self.queues.values():
-            if group in ("*", q.name):
-                self.counters["task_requeued"] += q.requeue(match, f"{who} was removed")
-        self.cond.notify_all()
+            if everywhere or q.name in groups:
+                back = q.requeue(match, f"{who} was removed")
+                self.counters["task_requeued"] += back
+                if back:
+                    self._notify(("queue", q.name))
+        self._notify(*[(kind, g) for g in groups for kind in ("barrier", "clock")])
 
     # ------------------------------------------------------------ the round board
     @_guard
-    def Post(self, request, context):
+    async def Post(self, request, context):
         with self.cond:
             self.board[request.topic] = (request.round, request.payload)
-            self.cond.notify_all()
+            self._notify(("board", request.topic))
         return pb.Ack(value=request.round)
 
     @_guard
-    def Wait(self, request, context):
+    async def Wait(self, request, context):
         topic = request.topic
-        with self.cond:
-            self._wait(
-                lambda: self.board.get(topic, (-1 << 62, ""))[0] >= request.min_round,
-                request.timeout,
-                f"wait for {topic!r} round {request.min_round}",
-            )
-            round_, payload = self.board[topic]
-        return pb.PostRequest(topic=topic, round=round_, payload=payload)
+
+        def posted() -> pb.PostRequest | None:
+            round_, payload = self.board.get(topic, (-1 << 62, ""))
+            if round_ < request.min_round:
+                return None
+            return pb.PostRequest(topic=topic, round=round_, payload=payload)
+
+        return await self._wait_or_fail(
+            (("board", topic),),
+            posted,
+            request,
+            context,
+            lambda: f"wait for {topic!r} round {request.min_round}",
+        )
 
     @_guard
-    def Contribute(self, request, context):
+    async def Contribute(self, request, context):
         values = from_array(request.values, f"contribution to {request.topic!r}", ndim=(1,))
         values = values.astype(np.float64)
         with self.cond:
             self.parts[(request.topic, request.round)][request.part] = values
-            self.cond.notify_all()
+            self._notify(("parts", request.topic, request.round))
         return pb.Ack(value=request.part)
 
     @_guard
-    def Collect(self, request, context):
+    async def Collect(self, request, context):
         key = (request.topic, request.round)
-        with self.cond:
-            self._wait(
-                lambda: len(self.parts[key]) >= request.num_parts,
-                request.timeout,
-                f"collect {request.topic!r} round {request.round} "
-                f"({len(self.parts[key])}/{request.num_parts} parts)",
-            )
+
+        def take() -> dict[int, np.ndarray] | None:
+            if len(self.parts[key]) < request.num_parts:
+                return None
             parts = self.parts.pop(key)
             for old in [k for k in self.parts if k[0] == request.topic and k[1] < request.round]:
                 del self.parts[old]
+            return parts
+
+        parts = await self._wait_or_fail(
+            (("parts", *key),),
+            take,
+            request,
+            context,
+            lambda: (
+                f"collect {request.topic!r} round {request.round} "
+                f"({len(self.parts[key])}/{request.num_parts} parts)"
+            ),
+        )
         total = None
         for part in sorted(parts):  # fixed order: the same parts always give the same sum
             total = parts[part].copy() if total is None else total + parts[part]
@@ -340,7 +439,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     # ------------------------------------------------------------ task queues
     @_guard
-    def AddTasks(self, request, context):
+    async def AddTasks(self, request, context):
         if not request.queue:
             raise RequestError("INVALID_ARGUMENT", "AddTasks: empty queue name")
         with self.cond:
@@ -349,7 +448,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 n = q.add(list(request.tasks), request.lease_seconds)
             except ValueError as e:
                 raise RequestError("INVALID_ARGUMENT", str(e)) from None
-            self.cond.notify_all()
+            self._notify(("queue", q.name))
             return pb.Ack(value=n)
 
     def _queue(self, name: str) -> TaskQueue:
@@ -362,56 +461,78 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         wall, mono = time.time(), time.monotonic()  # heartbeats are wall-clock stamps
         return lambda w: self.heartbeats.get((queue, w), -1e18) - wall + mono
 
+    def _expire(self, q: TaskQueue) -> None:
+        """Give back the leases of `q` that lapsed (and wake its waiters if any did)."""
+        back = q.expire(time.monotonic(), self._last_seen(q.name))
+        if back:
+            self.counters["task_requeued"] += back
+            self._notify(("queue", q.name))
+
     @_guard
-    def GetTask(self, request, context):
+    async def GetTask(self, request, context):
         """Lease the next TODO task to `worker`, waiting up to `timeout` for one."""
         if not request.worker:
             raise RequestError("INVALID_ARGUMENT", f"GetTask on {request.queue!r}: empty worker")
-        deadline = time.monotonic() + max(request.timeout, 0.0)
         with self.cond:
             q = self._queue(request.queue)
-            while True:
-                now = time.monotonic()
-                self.counters["task_requeued"] += q.expire(now, self._last_seen(q.name))
-                got = q.lease(request.worker, now)
-                if got is not None:
-                    return pb.TaskLease(task_id=got[0], task=got[1], attempt=got[2])
-                if q.drained or now >= deadline:
-                    return pb.TaskLease(task_id=-1, drained=q.drained)
-                self.cond.wait(min(deadline - now, 0.5))
+        deadline = time.monotonic()  # a timeout of 0 asks without waiting
+        if request.timeout > 0:
+            deadline = wait_deadline(request.timeout, _left(context))
+
+        def lease() -> pb.TaskLease | None:
+            self._expire(q)
+            got = q.lease(request.worker, time.monotonic())
+            if got is not None:
+                return pb.TaskLease(task_id=got[0], task=got[1], attempt=got[2])
+            return pb.TaskLease(task_id=-1, drained=True) if q.drained else None
+
+        def lapse() -> float | None:
+            at = q.next_expiry(self._last_seen(q.name))
+            return None if at is None else max(at, time.monotonic() + _LEASE_RECHECK_SECONDS)
+
+        got = await self._until((("queue", q.name),), lease, deadline, lapse)
+        return got if got is not None else pb.TaskLease(task_id=-1, drained=q.drained)
 
     @_guard
-    def FinishTask(self, request, context):
+    async def FinishTask(self, request, context):
         with self.cond:
             q = self._queue(request.queue)
             try:
                 first = q.finish(request.task_id, request.worker)
             except ValueError as e:
                 raise RequestError("OUT_OF_RANGE", str(e)) from None
-            self.cond.notify_all()
+            self._notify(("queue", q.name))
             return pb.Ack(value=int(first))
 
     # ------------------------------------------------------------ metrics
     @_guard
-    def Count(self, request, context):
+    async def Count(self, request, context):
         if not request.event:
             raise RequestError("INVALID_ARGUMENT", "Count: empty event name")
         return pb.Ack(value=self.count(request.event, request.n or 1))
 
     @_guard
-    def GetMetrics(self, request, context):
+    async def GetMetrics(self, request, context):
         with self.cond:
             for q in self.queues.values():  # leases lapse even when nobody asks for work
-                self.counters["task_requeued"] += q.expire(
-                    time.monotonic(), self._last_seen(q.name)
-                )
-            return pb.Metrics(counters=dict(self.counters))
+                self._expire(q)
+            return pb.Metrics(counters=dict(self.counters), waiting=len(self.waiters))
 
     @_guard
-    def Shutdown(self, request, context):
+    async def Shutdown(self, request, context):
         if self._on_shutdown is not None:
             threading.Thread(target=self._on_shutdown, daemon=True).start()
         return pb.Ack()
+
+
+#: The key notified when the shard map changes.
+_SHARDS = ("shards",)
+
+
+def _left(context) -> float | None:
+    """Seconds left of a call's gRPC deadline (None: it has none)."""
+    left = context.time_remaining()
+    return None if left is None or left > 1e9 else left
 
 
 def _check_clock(request: pb.ClockRequest, clocks: dict[str, int], removed: set[str]) -> None:

@@ -24,19 +24,20 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 
 import grpc
 
 from ps_server import checkpoint, lifecycle, tls
-from ps_server.auth import TokenInterceptor, is_loopback
+from ps_server.auth import AioTokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
+from ps_server.loop_server import LoopServer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.waiting import WAITING_SERVER_OPTIONS
 from ps_server.wire import (
     DEFAULT_MAX_REQUEST_MB,
     TOKEN_KEY,
-    RequestLimitInterceptor,
+    AioRequestLimitInterceptor,
     server_options,
 )
 
@@ -91,14 +92,20 @@ class Service:
         self.coordinator = CoordinatorServicer(
             num_shards, on_shutdown=self.stop_event.set, max_request_bytes=limit
         )
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=128),
-            interceptors=[TokenInterceptor(token), RequestLimitInterceptor(limit, "coordinator")],
-            options=server_options(limit),
+        # grpc.aio on a thread of its own: a waiting call costs no thread (ps_server.waiting)
+        self.server = LoopServer(
+            lambda server: pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, server),
+            f"{host}:{port}",
+            interceptors=[
+                AioTokenInterceptor(token),
+                AioRequestLimitInterceptor(limit, "coordinator"),
+            ],
+            options=server_options(limit) + WAITING_SERVER_OPTIONS,
+            name="coordinator",
         )
-        pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, self.server)
-        self.port = tls.bind(self.server, f"{host}:{port}")
+        self.port = self.server.port
         if self.port == 0:
+            self.server.stop()
             raise OSError(f"cannot bind coordinator to {host}:{port}")
         self.address = f"{host}:{self.port}"
         self.procs: list[subprocess.Popen | None] = [None] * num_shards  # primaries

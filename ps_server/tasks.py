@@ -97,16 +97,29 @@ class TaskQueue:
             )
         return len(back)
 
+    def _latest(self) -> dict[str, float]:
+        """Each worker holding leases -> when it took its newest one."""
+        latest: dict[str, float] = {}
+        for w, since in self.doing.values():
+            latest[w] = max(latest.get(w, since), since)
+        return latest
+
     def expire(self, now: float, last_seen: Callable[[str], float]) -> int:
         """Requeue the leases of workers silent (no lease, no heartbeat) for the lease time.
 
         A worker's newest lease counts as a sign of life for all its leases: a worker that
         just leased a task is alive and keeps the others it holds.
         """
-        latest: dict[str, float] = {}
-        for w, since in self.doing.values():
-            latest[w] = max(latest.get(w, since), since)
+        latest = self._latest()
         stale = {w for w, t in latest.items() if now - max(t, last_seen(w)) > self.lease_seconds}
         if not stale:
             return 0
         return self.requeue(lambda w: w in stale, f"lease of {self.lease_seconds}s expired")
+
+    def next_expiry(self, last_seen: Callable[[str], float]) -> float | None:
+        """The earliest time a lease lapses if no holder is heard from again (None: no
+        leases); a waiter for work looks again then, as nothing else would wake it."""
+        latest = self._latest()
+        if not latest:
+            return None
+        return min(max(t, last_seen(w)) for w, t in latest.items()) + self.lease_seconds

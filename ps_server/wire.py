@@ -6,6 +6,7 @@ bad request is refused with a message naming what was wrong and changes nothing.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 
@@ -22,6 +23,7 @@ __all__ = [
     "check_request_size",
     "server_options",
     "RequestLimitInterceptor",
+    "AioRequestLimitInterceptor",
     "ALLOWED_DTYPES",
     "TOKEN_KEY",
     "DEFAULT_MAX_REQUEST_MB",
@@ -125,26 +127,45 @@ def guard(where: Callable[[object], str]) -> Callable[[Callable], Callable]:
     """Decorate a servicer method: RequestError -> its status; anything else -> INTERNAL.
 
     A server must survive every request; `where(self)` names the server in messages.
+    Coroutine methods (the coordinator's, on a ``grpc.aio`` server) get a coroutine
+    wrapper that awaits ``context.abort``.
     """
 
     def decorate(method: Callable) -> Callable:
+        if inspect.iscoroutinefunction(method):
+            return _guard_async(method, where)
+
         def wrapper(self, request, context):
             try:
                 return method(self, request, context)
-            except RequestError as e:
-                context.abort(getattr(grpc.StatusCode, e.code), str(e))
-            except MemoryError:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{where(self)}: out of memory")
             except Exception as e:  # noqa: BLE001
-                logging.getLogger("ps_server").exception(
-                    "%s: %s failed", where(self), method.__name__
-                )
-                context.abort(grpc.StatusCode.INTERNAL, f"{where(self)}: {type(e).__name__}: {e}")
+                context.abort(*_status(e, where(self), method.__name__))
 
         wrapper.__name__ = method.__name__
         return wrapper
 
     return decorate
+
+
+def _guard_async(method: Callable, where: Callable[[object], str]) -> Callable:
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except Exception as e:  # noqa: BLE001
+            await context.abort(*_status(e, where(self), method.__name__))
+
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+def _status(e: Exception, where: str, rpc: str) -> tuple[grpc.StatusCode, str]:
+    """The status a failed handler answers with (unexpected errors are logged)."""
+    if isinstance(e, RequestError):
+        return getattr(grpc.StatusCode, e.code), str(e)
+    if isinstance(e, MemoryError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"{where}: out of memory"
+    logging.getLogger("ps_server").exception("%s: %s failed", where, rpc)
+    return grpc.StatusCode.INTERNAL, f"{where}: {type(e).__name__}: {e}"
 
 
 class _Oversized:
@@ -165,7 +186,19 @@ class RequestLimitInterceptor(grpc.ServerInterceptor):
         self.limit, self.where = int(limit), where
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+        return self._wrap(continuation(handler_call_details), handler_call_details)
+
+    def _refusal(self, request, what: str) -> str | None:
+        """The refusal for a request that was over the limit, else None."""
+        if not isinstance(request, _Oversized):
+            return None
+        try:
+            check_request_size(request.nbytes, self.limit, what)
+        except RequestError as e:
+            return str(e)
+        return None
+
+    def _wrap(self, handler, handler_call_details):
         if self.limit <= 0 or handler is None or handler.unary_unary is None:
             return handler
         parse, serve, limit = handler.request_deserializer, handler.unary_unary, self.limit
@@ -176,16 +209,35 @@ class RequestLimitInterceptor(grpc.ServerInterceptor):
         def deserialize(raw: bytes):
             return _Oversized(len(raw)) if len(raw) > limit else parse(raw)
 
-        def behavior(request, context):
-            if isinstance(request, _Oversized):
-                try:
-                    check_request_size(request.nbytes, limit, what)
-                except RequestError as e:
-                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-            return serve(request, context)
+        if inspect.iscoroutinefunction(serve):
+
+            async def behavior(request, context):
+                why = self._refusal(request, what)
+                if why is not None:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+                return await serve(request, context)
+
+        else:
+
+            def behavior(request, context):
+                why = self._refusal(request, what)
+                if why is not None:
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+                return serve(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
             behavior,
             request_deserializer=deserialize,
             response_serializer=handler.response_serializer,
         )
+
+
+class AioRequestLimitInterceptor(grpc.aio.ServerInterceptor):
+    """`RequestLimitInterceptor` for a ``grpc.aio`` server (the coordinator)."""
+
+    def __init__(self, limit: int, where: str):
+        self._sync = RequestLimitInterceptor(limit, where)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        return self._sync._wrap(handler, handler_call_details)

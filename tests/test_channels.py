@@ -9,12 +9,12 @@ for up to two minutes (a CI flake in test_replication). Real servers over loopba
 from __future__ import annotations
 
 import time
-from concurrent import futures
 
 import grpc
 import pytest
 
 from ps_server.coordinator import CoordinatorServicer
+from ps_server.loop_server import LoopServer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.tls import open_channel
@@ -22,13 +22,13 @@ from ps_server.tls import open_channel
 pytestmark = pytest.mark.timeout(60)
 
 
-def _serve(port: int) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(1), server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
-    assert bound, f"port {port} could not be bound again"
+def _serve(port: int) -> LoopServer:
+    servicer = CoordinatorServicer(1)
+    server = LoopServer(
+        lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s), f"127.0.0.1:{port}"
+    )
+    assert server.port, f"port {port} could not be bound again"
     server.start()
-    server.bound = bound
     return server
 
 
@@ -47,10 +47,10 @@ def _seconds_until_answer(channel: grpc.Channel, limit: float) -> float:
 
 def test_a_reused_port_is_reached_at_once_after_its_old_process_died():
     first = _serve(0)
-    port = first.bound
+    port = first.port
     old = open_channel(f"127.0.0.1:{port}", None)
     assert _seconds_until_answer(old, 5) < 5
-    first.stop(0).wait()
+    first.stop(0)
     stub, t0 = pb_grpc.CoordinatorStub(old), time.monotonic()
     while time.monotonic() - t0 < 6:  # a client keeps failing against the dead address
         with pytest.raises(grpc.RpcError):
@@ -67,7 +67,7 @@ def test_a_reused_port_is_reached_at_once_after_its_old_process_died():
         new.close()
     finally:
         old.close()
-        second.stop(0).wait()
+        second.stop(0)
 
 
 def test_a_client_closes_its_channels_to_restarted_shards():

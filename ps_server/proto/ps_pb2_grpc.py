@@ -728,6 +728,11 @@ class CoordinatorStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.ModelRef.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.ModelSpec.FromString,
                 _registered_method=True)
+        self.UnregisterModel = channel.unary_unary(
+                '/spark_ps.Coordinator/UnregisterModel',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.ModelRef.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
         self.Barrier = channel.unary_unary(
                 '/spark_ps.Coordinator/Barrier',
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.BarrierRequest.SerializeToString,
@@ -833,6 +838,14 @@ class CoordinatorServicer:
 
     def GetModel(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterModel(self, request, context):
+        """Forget a dropped model's spec, so that its name can be registered again
+        (value: 1 if it was registered, 0 if not).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -957,6 +970,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.ModelRef.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.ModelSpec.SerializeToString,
+            ),
+            'UnregisterModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterModel,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ModelRef.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
             ),
             'Barrier': grpc.unary_unary_rpc_method_handler(
                     servicer.Barrier,
@@ -1147,6 +1165,33 @@ class Coordinator:
             '/spark_ps.Coordinator/GetModel',
             ps__server_dot_proto_dot_ps__pb2.ModelRef.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.ModelSpec.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/UnregisterModel',
+            ps__server_dot_proto_dot_ps__pb2.ModelRef.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,6 +31,7 @@ from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.replica import REQUEST_ID_KEY
 from ps_server.tls import open_channel
+from ps_server.waiting import DEADLINE_MARGIN_SECONDS, DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS
 from ps_server.wire import LIMIT_HINT, TOKEN_KEY, from_array, to_array
 from spark_ps.client.spec import TensorSpec
 
@@ -360,9 +361,12 @@ class PSClient:
         return TensorSpec.from_global(self._coord("GetModel", pb.ModelRef(name=name)))
 
     def drop(self, spec: TensorSpec) -> None:
+        """Drop the model from every shard, then free its name at the coordinator (in that
+        order: a drop that fails half-way keeps the name, and dropping again finishes it)."""
         self._fanout(
             "DropModel", [(s, pb.ModelRef(name=spec.name)) for s in range(spec.num_shards)]
         )
+        self._coord("UnregisterModel", pb.ModelRef(name=spec.name))
 
     # ------------------------------------------------------------ data plane
     def pull(self, spec: TensorSpec, keys: np.ndarray, slot: str = "") -> np.ndarray:
@@ -656,11 +660,13 @@ class PSClient:
         return list(zip(primaries, backups, strict=True))
 
     # ------------------------------------------------------------ control plane
-    def barrier(self, name: str, worker: str, count: int, timeout: float = 600.0) -> None:
+    def barrier(
+        self, name: str, worker: str, count: int, timeout: float = DEFAULT_WAIT_SECONDS
+    ) -> None:
         self._coord(
             "Barrier",
             pb.BarrierRequest(name=name, worker=worker, count=count, timeout=timeout),
-            timeout + 10,
+            _grpc_deadline(timeout),
         )
 
     def clock(
@@ -671,7 +677,7 @@ class PSClient:
         *,
         staleness: int,
         num_workers: int,
-        timeout: float = 600.0,
+        timeout: float = DEFAULT_WAIT_SECONDS,
     ) -> int:
         """Report `clock`; block until every live worker is within `staleness` of it."""
         return self._coord(
@@ -684,7 +690,7 @@ class PSClient:
                 num_workers=num_workers,
                 timeout=timeout,
             ),
-            timeout + 10,
+            _grpc_deadline(timeout),
         ).min_clock
 
     def clock_log(self, group: str = "") -> list[pb.ClockEntry]:
@@ -700,9 +706,13 @@ class PSClient:
     def post(self, topic: str, round: int, payload: dict) -> None:
         self._coord("Post", pb.PostRequest(topic=topic, round=round, payload=json.dumps(payload)))
 
-    def wait(self, topic: str, min_round: int, timeout: float = 600.0) -> tuple[int, dict]:
+    def wait(
+        self, topic: str, min_round: int, timeout: float = DEFAULT_WAIT_SECONDS
+    ) -> tuple[int, dict]:
         r = self._coord(
-            "Wait", pb.WaitRequest(topic=topic, min_round=min_round, timeout=timeout), timeout + 10
+            "Wait",
+            pb.WaitRequest(topic=topic, min_round=min_round, timeout=timeout),
+            _grpc_deadline(timeout),
         )
         return r.round, json.loads(r.payload or "{}")
 
@@ -717,12 +727,14 @@ class PSClient:
             ),
         )
 
-    def collect(self, topic: str, round: int, num_parts: int, timeout: float = 600.0) -> np.ndarray:
+    def collect(
+        self, topic: str, round: int, num_parts: int, timeout: float = DEFAULT_WAIT_SECONDS
+    ) -> np.ndarray:
         """Sum (in part order) of the contributions of `num_parts` parts to `round`."""
         r = self._coord(
             "Collect",
             pb.CollectRequest(topic=topic, round=round, num_parts=num_parts, timeout=timeout),
-            timeout + 10,
+            _grpc_deadline(timeout),
         )
         return from_array(r.sum, "Collect")
 
@@ -738,7 +750,7 @@ class PSClient:
         return self._coord(
             "GetTask",
             pb.TaskRequest(queue=queue, worker=worker, timeout=timeout),
-            timeout + 10,
+            _grpc_deadline(timeout),
         )
 
     def finish_task(self, queue: str, worker: str, task_id: int) -> bool:
@@ -766,6 +778,13 @@ class PSClient:
                 ch.close()
             self._channels.clear()
             self._retired.clear()
+
+
+def _grpc_deadline(timeout: float) -> float:
+    """The gRPC deadline of a blocking coordinator call that waits up to `timeout` seconds
+    (<= 0: the coordinator's limit): a margin later, so the coordinator's own answer
+    (which names what it waited for) arrives first."""
+    return (timeout if timeout > 0 else MAX_WAIT_SECONDS) + DEADLINE_MARGIN_SECONDS
 
 
 def _details(e: grpc.RpcError) -> str:
