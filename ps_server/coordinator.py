@@ -81,7 +81,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.clocks: dict[str, dict[str, int]] = defaultdict(dict)
         self.removed: dict[str, set[str]] = defaultdict(set)
         self.clock_log: deque[pb.ClockEntry] = deque(maxlen=CLOCK_LOG_SIZE)
-        self.heartbeats: dict[tuple[str, str], float] = {}
+        self.heartbeats: dict[tuple[str, str], float] = {}  # monotonic stamps
+        self.removed_executors: set[str] = set()  # "executor:<id>" removed from every group
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
         self.queues: dict[str, TaskQueue] = {}
@@ -332,7 +333,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_guard
     async def Heartbeat(self, request, context):
         with self.cond:
-            self.heartbeats[(request.group, request.worker)] = time.time()
+            self.heartbeats[(request.group, request.worker)] = time.monotonic()
         return pb.Ack()
 
     @_guard
@@ -345,6 +346,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self._lost(request.worker, lambda w: w == request.worker, {request.group})
                 return pb.Ack(value=1)
             prefix = request.worker + "/"
+            self.removed_executors.add(request.worker)
             n, touched = 0, set()
             groups = set(self.clocks) | {g for g, _ in self.heartbeats}
             for group in groups:
@@ -458,8 +460,18 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return q
 
     def _last_seen(self, queue: str) -> Callable[[str], float]:
-        wall, mono = time.time(), time.monotonic()  # heartbeats are wall-clock stamps
-        return lambda w: self.heartbeats.get((queue, w), -1e18) - wall + mono
+        # monotonic stamps: a step of the wall clock must not lapse (or renew) every lease
+        return lambda w: self.heartbeats.get((queue, w), -1e18)
+
+    def _check_not_removed(self, queue: str, worker: str, rpc: str) -> None:
+        """A removed worker (or one of a removed executor) may not lease or finish work:
+        its leases went back to the queue, and another worker may hold them now."""
+        executor = worker.split("/", 1)[0]
+        if worker in self.removed[queue] or executor in self.removed_executors:
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                f"{rpc} on {queue!r}: worker {worker!r} was removed (its leases were requeued)",
+            )
 
     def _expire(self, q: TaskQueue) -> None:
         """Give back the leases of `q` that lapsed (and wake its waiters if any did)."""
@@ -475,6 +487,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise RequestError("INVALID_ARGUMENT", f"GetTask on {request.queue!r}: empty worker")
         with self.cond:
             q = self._queue(request.queue)
+            self._check_not_removed(request.queue, request.worker, "GetTask")
         deadline = time.monotonic()  # a timeout of 0 asks without waiting
         if request.timeout > 0:
             deadline = wait_deadline(request.timeout, _left(context))
@@ -497,6 +510,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def FinishTask(self, request, context):
         with self.cond:
             q = self._queue(request.queue)
+            self._check_not_removed(request.queue, request.worker, "FinishTask")
             try:
                 first = q.finish(request.task_id, request.worker)
             except ValueError as e:

@@ -104,6 +104,24 @@ def test_killed_workers_shards_are_redone_and_each_is_done_once(own_ps, tmp_path
     assert after["worker_lost"] - before["worker_lost"] == 1
     drained = client.get_task("files", "late", timeout=0)
     assert drained.task_id == -1 and drained.drained
+    with pytest.raises(PSError, match="'executor:9/w0' was removed"):  # its leases went back
+        client.get_task("files", "executor:9/w0", timeout=0)
+
+
+def test_a_removed_worker_may_neither_lease_nor_finish(own_ps):
+    """Removing a worker gives its lease back; it may not finish that task (another worker
+    holds it now) nor lease another one."""
+    client = own_ps.client
+    client.add_tasks("q-removed", ["a", "b"])
+    lease = client.get_task("q-removed", "w-gone", timeout=0)
+    client.remove_worker("q-removed", "w-gone")
+    with pytest.raises(PSError, match="FinishTask on 'q-removed': worker 'w-gone' was removed"):
+        client.finish_task("q-removed", "w-gone", lease.task_id)
+    with pytest.raises(PSError, match="GetTask on 'q-removed': worker 'w-gone' was removed"):
+        client.get_task("q-removed", "w-gone", timeout=0)
+    again = client.get_task("q-removed", "w-new", timeout=0)
+    assert (again.task_id, again.attempt) == (lease.task_id, 1)  # requeued, leased anew
+    assert client.finish_task("q-removed", "w-new", again.task_id) is True
 
 
 def test_task_queue_bad_requests_name_what_is_wrong(own_ps):
