@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from ps_server.idle import LastUse, idle_ttl
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.tasks import TaskQueue
@@ -65,6 +66,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         num_shards: int,
         on_shutdown: Callable[[], None] | None = None,
         max_request_bytes: int = 0,
+        idle_seconds: float | None = None,
     ):
         self.cond = threading.RLock()
         self.waiters = Waiters()
@@ -86,6 +88,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
         self.queues: dict[str, TaskQueue] = {}
+        self.last_use = LastUse(idle_ttl() if idle_seconds is None else idle_seconds)
         self._on_shutdown = on_shutdown
 
     def count(self, event: str, n: int = 1) -> int:
@@ -94,6 +97,31 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             self.counters[event] += int(n)
             return self.counters[event]
+
+    def _use(self, kind: str, key: Hashable) -> None:
+        """Record that `key` of `kind` ("board", "parts", "barrier", "clock", "heartbeat",
+        "queue", "executor") was used now, and drop what has been idle for the ttl
+        (holds `cond`; see ps_server.idle)."""
+        self.last_use.touch(kind, key)
+        for kind, key in self.last_use.expired():
+            if kind == "board":
+                self.board.pop(key, None)
+            elif kind == "parts":
+                for k in [k for k in self.parts if k[0] == key]:
+                    del self.parts[k]
+            elif kind == "barrier":
+                self.barriers.pop(key, None)
+                self.removed.pop(key, None)
+            elif kind == "clock":
+                self.clocks.pop(key, None)
+                self.removed.pop(key, None)
+            elif kind == "heartbeat":
+                self.heartbeats.pop(key, None)
+            elif kind == "queue":
+                self.queues.pop(key, None)
+                self.removed.pop(key, None)
+            elif kind == "executor":
+                self.removed_executors.discard(key)
 
     def _notify(self, *keys: Hashable) -> None:
         """Wake the calls waiting on `keys` (any thread; under `cond` or not)."""
@@ -255,6 +283,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if not worker:
             raise RequestError("INVALID_ARGUMENT", f"barrier {name!r}: empty worker id")
         with self.cond:
+            self._use("barrier", name)
             generation, arrived = self.barriers.setdefault(name, (0, set()))
             arrived.add(worker)
         released = await self._wait_or_fail(
@@ -286,6 +315,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def Clock(self, request, context):
         group, worker = request.group, request.worker
         with self.cond:
+            self._use("clock", group)
             clocks = self.clocks[group]
             _check_clock(request, clocks, self.removed[group])
             clocks[worker] = max(clocks.get(worker, 0), request.clock)
@@ -334,6 +364,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def Heartbeat(self, request, context):
         with self.cond:
             self.heartbeats[(request.group, request.worker)] = time.monotonic()
+            self._use("heartbeat", (request.group, request.worker))
         return pb.Ack()
 
     @_guard
@@ -347,6 +378,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 return pb.Ack(value=1)
             prefix = request.worker + "/"
             self.removed_executors.add(request.worker)
+            self._use("executor", request.worker)
             n, touched = 0, set()
             groups = set(self.clocks) | {g for g, _ in self.heartbeats}
             for group in groups:
@@ -379,6 +411,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_guard
     async def Post(self, request, context):
         with self.cond:
+            self._use("board", request.topic)
             self.board[request.topic] = (request.round, request.payload)
             self._notify(("board", request.topic))
         return pb.Ack(value=request.round)
@@ -386,6 +419,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_guard
     async def Wait(self, request, context):
         topic = request.topic
+        with self.cond:
+            self._use("board", topic)
 
         def posted() -> pb.PostRequest | None:
             round_, payload = self.board.get(topic, (-1 << 62, ""))
@@ -406,6 +441,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         values = from_array(request.values, f"contribution to {request.topic!r}", ndim=(1,))
         values = values.astype(np.float64)
         with self.cond:
+            self._use("parts", request.topic)
             self.parts[(request.topic, request.round)][request.part] = values
             self._notify(("parts", request.topic, request.round))
         return pb.Ack(value=request.part)
@@ -413,6 +449,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_guard
     async def Collect(self, request, context):
         key = (request.topic, request.round)
+        with self.cond:
+            self._use("parts", request.topic)
 
         def take() -> dict[int, np.ndarray] | None:
             if len(self.parts[key]) < request.num_parts:
@@ -445,6 +483,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if not request.queue:
             raise RequestError("INVALID_ARGUMENT", "AddTasks: empty queue name")
         with self.cond:
+            self._use("queue", request.queue)
             q = self.queues.setdefault(request.queue, TaskQueue(request.queue))
             try:
                 n = q.add(list(request.tasks), request.lease_seconds)
@@ -487,6 +526,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise RequestError("INVALID_ARGUMENT", f"GetTask on {request.queue!r}: empty worker")
         with self.cond:
             q = self._queue(request.queue)
+            self._use("queue", request.queue)
             self._check_not_removed(request.queue, request.worker, "GetTask")
         deadline = time.monotonic()  # a timeout of 0 asks without waiting
         if request.timeout > 0:
@@ -510,6 +550,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def FinishTask(self, request, context):
         with self.cond:
             q = self._queue(request.queue)
+            self._use("queue", request.queue)
             self._check_not_removed(request.queue, request.worker, "FinishTask")
             try:
                 first = q.finish(request.task_id, request.worker)
