@@ -75,6 +75,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.pids = [0] * num_shards  # process ids of the primaries
         self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
         self.joining: dict[int, tuple[str, int]] = {}  # index -> (address, pid) to seed
+        self.dropped: set[tuple[int, str]] = set()  # backups never to attach or promote
         self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
         self.epoch = 0
         self.restarts = 0  # primaries (re)started: their state is a checkpoint's (or empty)
@@ -202,22 +203,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return self._map()
 
     def drop_backup(self, index: int, address: str) -> bool:
-        """Forget the backup `address` of `index` (if it still is the backup)."""
+        """Never promote `address` as the backup of `index`: forget it if it is the backup,
+        and refuse to attach it later if it is not yet (its primary dropped it between the
+        seed and the attach: it missed an update). True if it was the attached backup."""
         with self.cond:
-            if not address or self.backups[index] != address:
+            if not address:
+                return False
+            self.dropped.add((index, address))
+            if self.backups[index] != address:
                 return False
             self.backups[index] = ""
             self.counters["backup_lost"] += 1
             self._notify(_SHARDS)
             return True
 
-    def attach_backup(self, index: int, address: str, resync: bool = True) -> None:
-        """A seeded backup of `index` now receives every update (called by the supervisor)."""
+    def attach_backup(self, index: int, address: str, resync: bool = True) -> bool:
+        """A seeded backup of `index` now receives every update (called by the supervisor);
+        False, and not attached, if its primary dropped it meanwhile."""
         with self.cond:
             self.joining.pop(index, None)
+            if (index, address) in self.dropped:
+                return False
+            self.dropped = {d for d in self.dropped if d[0] != index}  # those are gone
             self.backups[index] = address
             self.counters["resync"] += int(resync)
             self._notify(_SHARDS)
+            return True
 
     def promote(self, index: int, pid: int) -> str:
         """The backup of `index` (process `pid`) becomes its primary; returns its address."""

@@ -15,10 +15,12 @@ answer was lost when a primary died is applied exactly once, whether or not the
 backup had it.
 
 If forwarding fails the primary tells the coordinator to drop that backup
-*before* it answers, so a backup that misses an update is never promoted; the
+*before* it answers, and answers nothing until the coordinator has confirmed it, so a
+backup that misses an acknowledged update is never promoted; the
 supervisor (``ps_server.service``) then starts a fresh backup, which the
 primary seeds with a snapshot of its whole state (models, optimizer state,
-pending exactly-once contributions, remembered answers) while mutations wait.
+pending exactly-once contributions, remembered answers; see ``_seed_backup``), and
+the coordinator never attaches a backup its primary dropped while it was seeded.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ _CATCH_UP_UNDER_LOCK = 64
 #: A forward's deadline when the client set none; else the client's own (a backup is
 #: dropped, and replaced, only when it is slower than the client is willing to wait).
 _FORWARD_TIMEOUT = 60.0
+#: One attempt to have the coordinator forget a dropped backup (the client's retries
+#: drive the next ones; the mutation lock is held meanwhile).
+_DROP_CONFIRM_SECONDS = 2.0
 #: Forwards are client requests the primary accepted: the backup (same --max-request-mb,
 #: plus FORWARD_ENVELOPE_BYTES on Replicate) is the one to refuse, not this channel.
 _OPTIONS = [
@@ -126,6 +131,8 @@ class Replica:
         self.seed_chunk = min(_SEED_CHUNK, max_request_bytes or _SEED_CHUNK)
         self.max_request_bytes = max_request_bytes
         self._log: list[pb.ReplicateRequest] | None = None  # mutations while seeding
+        self._unconfirmed: str | None = None  # a dropped backup the coordinator may still list
+        self._coord_channel: grpc.Channel | None = None
         self.coordinator, self._md = coordinator, ((TOKEN_KEY, token),)
         self.lock = threading.Lock()  # one mutation at a time: the same order on both
         self.backup = ""
@@ -163,6 +170,7 @@ class Replica:
         backup; the backup's copy is sent first, so both apply it at the same time.
         `deadline`: seconds the client still waits (the forward's deadline)."""
         with self.lock:
+            self._confirm_drop()  # a dropped backup the coordinator still lists: ack nothing
             known = self.answers.get(rid) if rid else None
             if known is not None:
                 return known[1]
@@ -265,27 +273,49 @@ class Replica:
             self._drop_backup(f"{method} answered differently there (replicas diverged)")
 
     def _drop_backup(self, why: str) -> None:
-        """Have the coordinator forget the backup (so it is never promoted), then go solo."""
-        backup = self.backup
-        log.error("%s: backup %s lost: %s; dropping it", self.where, backup, why)
+        """Stop forwarding to the backup and have the coordinator forget it (so it is never
+        promoted). Until the coordinator has confirmed that, this primary acknowledges
+        nothing: see :meth:`_confirm_drop`."""
+        log.error("%s: backup %s lost: %s; dropping it", self.where, self.backup, why)
+        self._unconfirmed = self.backup
         self._set_backup("")
-        if not self.coordinator:
-            return
-        from ps_server.tls import env_ca, open_channel
+        self._confirm_drop()
 
-        req = pb.RegisterShardRequest(index=self.servicer.index, address=backup, pid=os.getpid())
-        deadline = time.monotonic() + 30.0
-        with open_channel(self.coordinator, env_ca()) as ch:
-            while True:
-                try:
-                    pb_grpc.CoordinatorStub(ch).DropReplica(req, metadata=self._md, timeout=5)
-                    return
-                except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise RequestError(
-                            "UNAVAILABLE", f"{self.where}: coordinator unreachable"
-                        ) from None
-                    time.sleep(0.2)
+    def _confirm_drop(self) -> None:
+        """Tell the coordinator to forget the backup we dropped; raise UNAVAILABLE if it
+        cannot be told now. The update that made us drop it is applied here and remembered
+        under its request id, but the coordinator still lists a backup that lacks it: if
+        we acknowledged it (or any later update) and then died, that backup would be
+        promoted without it. So every request first waits for this confirmation, and the
+        client's retries (same request id: answered from memory once confirmed) drive it,
+        each a short call, never a long one under the lock."""
+        if self._unconfirmed is None or not self.coordinator:
+            self._unconfirmed = None
+            return
+        req = pb.RegisterShardRequest(
+            index=self.servicer.index, address=self._unconfirmed, pid=os.getpid()
+        )
+        try:
+            pb_grpc.CoordinatorStub(self._coordinator_channel()).DropReplica(
+                req, metadata=self._md, timeout=_DROP_CONFIRM_SECONDS
+            )
+        except grpc.RpcError as e:
+            self._coord_channel.close()  # the next attempt connects afresh, no back-off
+            self._coord_channel = None
+            raise RequestError(
+                "UNAVAILABLE",
+                f"{self.where}: cannot confirm with the coordinator that backup "
+                f"{self._unconfirmed} was dropped ({e.code().name}: {e.details()}); "
+                "acknowledging no update until it can (retry)",
+            ) from None
+        self._unconfirmed = None
+
+    def _coordinator_channel(self) -> grpc.Channel:
+        if self._coord_channel is None:
+            from ps_server.tls import env_ca, open_channel
+
+            self._coord_channel = open_channel(self.coordinator, env_ca())
+        return self._coord_channel
 
     # ------------------------------------------------------------ configuration
     def configure(self, config: pb.ReplicaConfig) -> int:

@@ -292,8 +292,10 @@ class Service:
             log.warning("shard %d: seeding backup %s failed: %s", i, joined[0], e.details())
             self._discard_backup(i, "could not be seeded")
             return
-        self.coordinator.attach_backup(i, joined[0], resync)
         self.backup_addr[i] = joined[0]
+        if not self.coordinator.attach_backup(i, joined[0], resync):
+            self._discard_backup(i, "was dropped by its primary before it was attached")
+            return
         log.log(
             logging.WARNING if resync else logging.INFO,
             "shard %d: backup (pid %d, %s) %s from primary %s (%.1f MB snapshot, %.2fs)",
