@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from ps_server.lifecycle import keep_freed_memory
+from ps_server.waiting import MAX_WAIT_SECONDS
 from spark_ps.client import get_client
 from spark_ps.ml._recovery import ShardRestarted
 
@@ -110,6 +112,8 @@ class WorkerContext:
         tls_ca: bytes | None = None,
     ):
         self.client = get_client(address, token, tls_ca)
+        self.client.refresh()  # a cached client may hold an older map
+        self._shards_at_start = list(self.client.addresses)  # see rendezvous()
         self._tls_ca = tls_ca
         self._token = token
         self.topic, self.part, self.attempt = topic, part, attempt
@@ -137,7 +141,9 @@ class WorkerContext:
         args = dict(args, part=self.part)
         out: dict[int, list[np.ndarray]] = {}
         todo = list(range(len(shards)))
+        deadline = time.monotonic() + MAX_WAIT_SECONDS
         while todo:  # a "pending" shard waited its fill without the others: ask it again
+            self._check_rendezvous(function, args, shards, deadline)
             res = self.client.call(
                 function,
                 [],
@@ -151,6 +157,27 @@ class WorkerContext:
                     out[i] = arr
             todo = [i for i in todo if i not in out]
         return [out[i] for i in range(len(shards))]
+
+    def _check_rendezvous(self, function: str, args: dict, shards: list, deadline: float) -> None:
+        """Fail this task rather than wait forever. A rendezvous shard that failed over (or
+        restarted) since the task began lost its steps: a worker that did not get a step's
+        answer would ask the new process, where the others, who moved on, never come; and
+        later steps need what earlier ones left there. The failed task makes the driver
+        relaunch the worker job, which redoes the steps from its last posted state."""
+        for s in shards:
+            if self.client.addresses[s] != self._shards_at_start[s]:
+                raise RuntimeError(
+                    f"partition {self.part}: PS shard {s} moved from "
+                    f"{self._shards_at_start[s]} to {self.client.addresses[s]} (failed over or "
+                    f"restarted) during {function} step {args.get('step')} of "
+                    f"{args.get('topic')!r}; its rendezvous state is gone, so this worker job "
+                    "is relaunched"
+                )
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"partition {self.part}: {function} step {args.get('step')} of "
+                f"{args.get('topic')!r} did not complete within {MAX_WAIT_SECONDS:.0f}s"
+            )
 
     def fault_point(self, op: str) -> None:
         """Chaos hook inside a long command: die at this partition's `nth` `op` if a test
@@ -432,9 +459,16 @@ class PSJob:
         self.call("rewind")
 
     def wait_posted(self, topic: str) -> dict:
-        """What a worker posted on `topic` (its first round); raises if the Spark job died."""
+        """What a worker posted on `topic` (its first round); raises if the Spark job died,
+        or if nothing came for MAX_WAIT_SECONDS (the workers' own bound on a step)."""
+        deadline = time.monotonic() + MAX_WAIT_SECONDS
         while True:
             self._check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"spark-ps {self.name}: no worker posted {topic!r} within "
+                    f"{MAX_WAIT_SECONDS:.0f}s"
+                )
             try:
                 return self.ps.client.wait(topic, 1, timeout=2.0)[1]
             except Exception as e:  # noqa: BLE001 - a timeout: check the job and wait again
