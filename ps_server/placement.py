@@ -80,22 +80,24 @@ def place(
 ) -> list[Slot]:
     """A host (and with ``replicas=2`` a backup host) for each partition.
 
-    Primaries are placed first, partition by partition, then backups, so a primary's
-    choice never depends on where backups went.
+    Primaries are placed first, partition by partition and each host within its share of
+    them (they serve the clients), then backups within each host's share of all replicas;
+    a primary's choice never depends on where backups went.
     """
     if num_partitions < 1:
         raise ValueError(f"placement: num_partitions must be >= 1, got {num_partitions}")
     if replicas not in (1, 2):
         raise ValueError(f"placement: replicas must be 1 or 2, got {replicas}")
-    caps = capacity(weights, num_partitions * replicas, slack)
     loads = dict.fromkeys(weights, 0)
     primaries = []
+    caps = capacity(weights, num_partitions, slack)  # primaries serve: spread them first
     for p in range(num_partitions):
         h = choose(p, weights, loads, caps)
         loads[h] += 1
         primaries.append(h)
     if replicas == 1:
         return [Slot(h) for h in primaries]
+    caps = capacity(weights, num_partitions * replicas, slack)
     slots = []
     for p, h in enumerate(primaries):
         b = choose(p, weights, loads, caps, exclude=(h,))

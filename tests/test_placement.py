@@ -52,8 +52,9 @@ def test_backups_never_share_their_primarys_host_and_spread_too():
     for n in (2, 3, 5):
         slots = place(300, _hosts(n), replicas=2)
         assert all(s.backup and s.backup != s.primary for s in slots)
-        load = _load(slots)
+        load, primaries = _load(slots), Counter(s.primary for s in slots)
         assert max(load.values()) <= -(-DEFAULT_SLACK * 600 / n // 1), load
+        assert max(primaries.values()) <= -(-DEFAULT_SLACK * 300 / n // 1), primaries
 
 
 def test_a_single_host_gets_no_backup():
