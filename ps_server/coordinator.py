@@ -70,6 +70,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
         self.queues: dict[str, TaskQueue] = {}
         self._on_shutdown = on_shutdown
+        self.hosts = None  # a service across hosts: its ps_server.hosts.HostTable
 
     def count(self, event: str, n: int = 1) -> int:
         """Add `n` to the counter of a recovery event ("restart", "promotion", "restore",
@@ -84,13 +85,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return all(self.addresses)
 
     def _map(self) -> pb.ShardMap:
-        return pb.ShardMap(
+        smap = pb.ShardMap(
             addresses=self.addresses,
             epoch=self.epoch,
             backups=self.backups,
             restarts=self.restarts,
             max_request_bytes=self.max_request_bytes,
         )
+        if self.hosts is not None:
+            self.hosts.annotate(smap)
+        return smap
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self.addresses):
@@ -108,6 +112,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         """A primary (or solo shard) enters the map; a backup waits to be seeded."""
         with self.cond:
             self._check_index(request.index)
+            if self.hosts is not None and request.host_id:
+                self.hosts.check_registration(request)  # a superseded process is refused
             if request.backup:
                 self.joining[request.index] = (request.address, request.pid)
             else:
@@ -406,6 +412,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     time.monotonic(), self._last_seen(q.name)
                 )
             return pb.Metrics(counters=dict(self.counters))
+
+    @_guard
+    def HostHeartbeat(self, request, context):
+        """A per-host supervisor's report; answered with the shards it must run."""
+        if self.hosts is None:
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                f"host {request.host.id!r}: this coordinator runs its own shards "
+                "(spark-ps-server --shards N); hosts join a `spark-ps-server coordinator`",
+            )
+        return self.hosts.report(request)
 
     @_guard
     def Shutdown(self, request, context):
