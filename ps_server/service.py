@@ -145,6 +145,10 @@ class Service:
 
     def start(self, timeout: float = 60.0) -> None:
         self.server.start()
+        self._launch(timeout)
+
+    def _launch(self, timeout: float) -> None:
+        """Start every shard (and backup) and wait until all are in the map."""
         for i in range(self.num_shards):
             self.procs[i] = self._spawn(i, self._primary_role)
             if self.replicas == 2:

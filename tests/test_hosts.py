@@ -1,0 +1,262 @@
+"""The PS across hosts: a coordinator in the root namespace, one `shards --join` supervisor
+per host (a network namespace, ``bench/netns.py``), a client in the root namespace.
+
+Real processes, real separate network stacks; every test tears its namespaces and
+processes down, also when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from bench.netns import Hosts, unavailable
+from spark_ps.client import PSClient, PSError
+from spark_ps.client.spec import TensorSpec
+
+_WHY = unavailable()
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(bool(_WHY), reason=_WHY or "-")]
+
+TOKEN = "hosts-test-token"
+ROOT = Path(__file__).resolve().parents[1]
+LEASE = 2.0  # --host-timeout: a killed host is lost after this
+
+
+@dataclass
+class Cluster:
+    hosts: Hosts
+    address: str
+    client: PSClient
+    logs: Path
+
+    def status(self) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-m", "ps_server", "status", self.address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_env(),
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def host_of(self, host_id: str) -> int:
+        return [self.hosts.address(i) for i in range(len(self.hosts))].index(host_id)
+
+
+def _env() -> dict:
+    return dict(os.environ, SPARK_PS_TOKEN=TOKEN)
+
+
+def _lines(stream) -> queue.Queue:
+    """The lines of `stream`, read by a daemon thread (so waits can time out)."""
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            q.put(line.strip())
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def _expect(lines: queue.Queue, prefix: str, timeout: float, logs: Path) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line.startswith(prefix):
+            return line[len(prefix) :]
+    log = (logs / "coordinator.log").read_text()[-3000:]
+    raise AssertionError(f"coordinator printed no {prefix!r} within {timeout}s:\n{log}")
+
+
+@contextmanager
+def _cluster(tmp_path: Path, n: int, replicas: int, *extra: str) -> Iterator[Cluster]:
+    """`n` hosts with 2 shard slots each (2n partitions) and their coordinator."""
+    procs: list[subprocess.Popen] = []
+    files = []
+    with Hosts(n) as hosts:
+        try:
+            log = open(tmp_path / "coordinator.log", "w")  # noqa: SIM115 - closed below
+            files.append(log)
+            coordinator = subprocess.Popen(
+                [sys.executable, "-m", "ps_server", "coordinator", "--host",
+                 hosts.bridge_address, "--replicas", str(replicas), "--min-hosts", str(n),
+                 "--host-timeout", str(LEASE), *extra],
+                stdout=subprocess.PIPE, stderr=log, text=True, env=_env(), cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            procs.append(coordinator)
+            lines = _lines(coordinator.stdout)
+            address = _expect(lines, "SPARK_PS_LISTENING ", 30, tmp_path)
+            for i in range(n):
+                files.append(open(tmp_path / f"host{i}.log", "w"))  # noqa: SIM115
+                cmd = [sys.executable, "-m", "ps_server", "shards", "--join", address,
+                       "--host", hosts.address(i), "--shards", "2"]  # fmt: skip
+                procs.append(hosts.popen(i, cmd, stderr=files[-1], env=_env(), cwd=ROOT))
+            _expect(lines, "SPARK_PS_READY ", 60, tmp_path)
+            client = PSClient(address, TOKEN, retry_seconds=60, timeout=30)
+            try:
+                yield Cluster(hosts, address, client, tmp_path)
+            finally:
+                client.close()
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            for f in files:
+                f.close()
+
+
+def _models(c: PSClient) -> tuple[TensorSpec, TensorSpec]:
+    dense = TensorSpec("h-dense", "dense", 1000, 1, c.num_shards)
+    sparse = TensorSpec("h-sparse", "sparse", 2**40, 3, c.num_shards, dtype="float32")
+    c.create(dense)
+    c.create(sparse)
+    return dense, sparse
+
+
+def test_three_hosts_serve_every_partition_and_status_names_their_hosts(tmp_path):
+    with _cluster(tmp_path, 3, 1) as cl:
+        ids = {cl.hosts.address(i) for i in range(3)}
+        st = cl.status()
+        assert {h["id"] for h in st["hosts"]} == ids
+        assert all(h["alive"] for h in st["hosts"])
+        assert len(st["partitions"]) == 6 == cl.client.num_shards
+        for p in st["partitions"]:
+            assert p["host"] in ids and p["address"].startswith(p["host"] + ":"), p
+            assert p["backup"] == p["backup_host"] == p["lost"] == ""
+        assert sorted(i for h in st["hosts"] for i in h["primaries"]) == list(range(6))
+        assert len({p["host"] for p in st["partitions"]}) >= 2  # spread, not piled on one
+
+        dense, sparse = _models(cl.client)
+        rng = np.random.default_rng(1)
+        x = rng.integers(-1000, 1000, 1000).astype(np.float64)
+        cl.client.push(dense, np.arange(1000), x, "set")
+        keys = rng.choice(2**40, 300, replace=False)
+        rows = rng.integers(-50, 50, (300, 3)).astype(np.float32)
+        cl.client.push(sparse, keys, rows)
+        cl.client.push(sparse, keys[:100], rows[:100])
+        assert set(sparse.shard_of(keys).tolist()) == set(range(6))  # every partition touched
+        np.testing.assert_array_equal(cl.client.pull(dense, np.arange(1000)), x)
+        expect = rows.copy()
+        expect[:100] *= 2
+        np.testing.assert_array_equal(cl.client.pull(sparse, keys), expect)
+
+        st = cl.status()
+        assert st["models"]["h-sparse"]["rows"] == 300
+        assert st["models"]["h-dense"]["rows"] == 1000
+        assert st["bytes"] == sum(m["bytes"] for m in st["models"].values()) > 0
+        assert all("h-dense" in p["models"] for p in st["partitions"])
+
+
+def _round(c: PSClient, spec: TensorSpec, r: int, rng: np.random.Generator) -> np.ndarray:
+    """One exactly-once round: three parts contribute, then their sum is added."""
+    total = np.zeros(spec.dim)
+    for part in range(3):
+        keys = np.sort(rng.choice(spec.dim, 200, replace=False))
+        values = rng.integers(-9, 10, 200).astype(np.float64)
+        c.push(spec, keys, values, round=r, part=part)
+        total[keys] += values
+    c.reduce(spec, r, op="add")
+    return total
+
+
+def _wait_for_backups(cl: Cluster, timeout: float = 40.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = cl.status()
+        if all(p["backup_host"] for p in st["partitions"]) or time.monotonic() > deadline:
+            return st
+
+
+@pytest.mark.slow
+def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp_path):
+    with _cluster(tmp_path, 3, 2) as cl:
+        st = _wait_for_backups(cl)
+        for p in st["partitions"]:
+            assert p["backup_host"] and p["backup_host"] != p["host"], p
+        c = cl.client
+        dense, sparse = _models(c)
+        rng = np.random.default_rng(7)
+        expect = np.zeros(dense.dim)
+        keys = rng.choice(2**40, 120, replace=False)
+        victim = st["partitions"][0]["host"]
+        on_victim = [p["index"] for p in st["partitions"] if p["host"] == victim]
+        for r in range(1, 13):
+            if r == 5:
+                assert cl.hosts.kill_host(cl.host_of(victim)) >= 2  # supervisor + shards
+            expect += _round(c, dense, r, rng)
+            c.push(sparse, keys, np.full((120, 3), float(r), np.float32))
+        np.testing.assert_array_equal(c.pull(dense, np.arange(dense.dim)), expect)
+        np.testing.assert_array_equal(c.pull(sparse, keys), np.full((120, 3), 78.0, np.float32))
+        assert c.metrics()["promotion"] >= len(on_victim)
+
+        st = _wait_for_backups(cl)
+        alive = {h["id"] for h in st["hosts"] if h["alive"]}
+        assert alive == {cl.hosts.address(i) for i in range(3)} - {victim}
+        for p in st["partitions"]:
+            assert p["host"] in alive and p["backup_host"] in alive, p
+            assert p["backup_host"] != p["host"], p
+        pairs = c.replica_digests()  # the new backups hold exactly the primaries' state
+        assert all(b is not None and a.digest == b.digest for a, b in pairs)
+
+
+def test_a_lost_host_s_partitions_restore_from_the_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    with _cluster(tmp_path, 2, 1, "--checkpoint-dir", str(ckpt)) as cl:
+        c = cl.client
+        dense, _ = _models(c)
+        x = np.arange(1000, dtype=np.float64)
+        c.push(dense, np.arange(1000), x, "set")
+        c.checkpoint(str(ckpt), 1)
+        c.push(dense, np.arange(1000), np.ones(1000))  # after the checkpoint: lost with it
+        restarts = c.shard_restarts()
+        victim = cl.status()["partitions"][0]["host"]
+        cl.hosts.kill_host(cl.host_of(victim))
+        got = c.pull(dense, np.arange(1000))
+        on_victim = dense.shard_of(np.arange(1000)) == 0
+        np.testing.assert_array_equal(got[on_victim], x[on_victim])
+        assert c.shard_restarts() > restarts  # a fit would see it and roll back too
+        st = cl.status()
+        assert {p["host"] for p in st["partitions"]} == {h["id"] for h in st["hosts"] if h["alive"]}
+
+
+def test_without_backup_or_checkpoint_a_lost_partition_is_an_error_naming_it(tmp_path):
+    with _cluster(tmp_path, 2, 1) as cl:
+        c = cl.client
+        dense, _ = _models(c)
+        st = cl.status()
+        victim = st["partitions"][0]["host"]
+        lost = [p["index"] for p in st["partitions"] if p["host"] == victim]
+        cl.hosts.kill_host(cl.host_of(victim))
+        with pytest.raises(PSError) as e:
+            c.pull(dense, np.arange(1000))
+        assert e.value.code == grpc.StatusCode.DATA_LOSS
+        assert e.value.shard in lost
+        assert f"partition {e.value.shard} is lost: its primary on host {victim}" in str(e.value)
+        assert "no --checkpoint-dir" in str(e.value)
+        assert [p["index"] for p in cl.status()["partitions"] if p["lost"]] == lost
