@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -193,6 +194,16 @@ def _wait_for_backups(cl: Cluster, timeout: float = 40.0) -> dict:
             return st
 
 
+def _moved_primary(cl: Cluster, index: int, old: str, timeout: float = 20.0) -> str:
+    """The host of `index`'s primary once it is no longer on host `old`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        host = cl.status()["partitions"][index]["host"]
+        if host != old or time.monotonic() > deadline:
+            return host
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp_path):
     with _cluster(tmp_path, 3, 2) as cl:
@@ -206,14 +217,18 @@ def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp
         keys = rng.choice(2**40, 120, replace=False)
         victim = st["partitions"][0]["host"]
         on_victim = [p["index"] for p in st["partitions"] if p["host"] == victim]
+        one = next(p for p in st["partitions"] if p["host"] != victim)  # a single process
         for r in range(1, 13):
+            if r == 3:
+                os.kill(c.health()[one["index"]].pid, signal.SIGKILL)
             if r == 5:
+                assert _moved_primary(cl, one["index"], one["host"]) == one["backup_host"]
                 assert cl.hosts.kill_host(cl.host_of(victim)) >= 2  # supervisor + shards
             expect += _round(c, dense, r, rng)
             c.push(sparse, keys, np.full((120, 3), float(r), np.float32))
         np.testing.assert_array_equal(c.pull(dense, np.arange(dense.dim)), expect)
         np.testing.assert_array_equal(c.pull(sparse, keys), np.full((120, 3), 78.0, np.float32))
-        assert c.metrics()["promotion"] >= len(on_victim)
+        assert c.metrics()["promotion"] >= len(on_victim) + 1
 
         st = _wait_for_backups(cl)
         alive = {h["id"] for h in st["hosts"] if h["alive"]}
