@@ -127,9 +127,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_guard
     def DropReplica(self, request, context):
-        """The primary of `index` could not update its backup: never promote that one."""
+        """The primary of `index` could not update its backup: never promote that one.
+
+        Refused to a process that is no longer the primary (its backup was promoted while
+        it was cut off): it must step down rather than acknowledge on its own.
+        """
         with self.cond:
             self._check_index(request.index)
+            if request.pid and request.pid != self.pids[request.index]:
+                raise RequestError(
+                    "FAILED_PRECONDITION",
+                    f"shard {request.index}: process {request.pid} is no longer its primary "
+                    f"(process {self.pids[request.index]} at {self.addresses[request.index]} is)",
+                )
             self.drop_backup(request.index, request.address)
             return self._map()
 

@@ -18,6 +18,10 @@ If forwarding fails the primary tells the coordinator to drop that backup
 supervisor (``ps_server.service``) then starts a fresh backup, which the
 primary seeds with a snapshot of its whole state (models, optimizer state,
 pending exactly-once contributions, remembered answers) while mutations wait.
+A primary that was cut off while its backup was promoted (a host that lost its
+lease, ``ps_server.hosts``) learns it there: the coordinator refuses its drop, and
+it steps down (role "deposed") without acknowledging, so the client retries the
+same request id on the new primary.
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ class Replica:
         if self.role != "primary":
             raise RequestError(
                 "UNAVAILABLE",
-                f"{self.where} is a backup and serves no clients; re-read the shard map",
+                f"{self.where} serves no clients; re-read the shard map",
             )
 
     # ------------------------------------------------------------ applying
@@ -228,7 +232,12 @@ class Replica:
                 try:
                     pb_grpc.CoordinatorStub(ch).DropReplica(req, metadata=self._md, timeout=5)
                     return
-                except grpc.RpcError:
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # we were deposed
+                        self.role = "deposed"  # never acknowledge again
+                        raise RequestError(
+                            "UNAVAILABLE", f"{self.where}: {e.details()}; re-read the shard map"
+                        ) from None
                     if time.monotonic() > deadline:
                         raise RequestError(
                             "UNAVAILABLE", f"{self.where}: coordinator unreachable"

@@ -42,6 +42,7 @@ class Cluster:
     address: str
     client: PSClient
     logs: Path
+    supervisors: list[subprocess.Popen]
 
     def status(self) -> dict:
         done = subprocess.run(
@@ -115,7 +116,7 @@ def _cluster(tmp_path: Path, n: int, replicas: int, *extra: str) -> Iterator[Clu
             _expect(lines, "SPARK_PS_READY ", 60, tmp_path)
             client = PSClient(address, TOKEN, retry_seconds=60, timeout=30)
             try:
-                yield Cluster(hosts, address, client, tmp_path)
+                yield Cluster(hosts, address, client, tmp_path, procs[1:])
             finally:
                 client.close()
         finally:
@@ -275,3 +276,41 @@ def test_without_backup_or_checkpoint_a_lost_partition_is_an_error_naming_it(tmp
         assert f"partition {e.value.shard} is lost: its primary on host {victim}" in str(e.value)
         assert "no --checkpoint-dir" in str(e.value)
         assert [p["index"] for p in cl.status()["partitions"] if p["lost"]] == lost
+
+
+def _wait(predicate, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_primary_cut_off_while_its_backup_was_promoted_never_acknowledges(tmp_path):
+    """A host whose supervisor stops (SIGSTOP) loses its lease while its shards still serve:
+    a client with the old map must not get a write acknowledged by a deposed primary."""
+    with _cluster(tmp_path, 3, 2) as cl:
+        st = _wait_for_backups(cl)
+        c = cl.client
+        dense, _ = _models(c)
+        stale = PSClient(cl.address, TOKEN, retry_seconds=60, timeout=30)  # keeps this map
+        victim = st["partitions"][0]["host"]
+        old_pid = c.health()[0].pid
+        supervisor = cl.supervisors[cl.host_of(victim)]
+        supervisor.send_signal(signal.SIGSTOP)
+        try:
+            _wait(lambda: _moved_primary(cl, 0, victim) != victim, "the promotion")
+            ones = np.ones(dense.dim)
+            stale.push(dense, np.arange(dense.dim), ones)  # partition 0 at the deposed one
+            c.push(dense, np.arange(dense.dim), 2 * ones)
+        finally:
+            supervisor.send_signal(signal.SIGCONT)
+            stale.close()
+        fresh = PSClient(cl.address, TOKEN, retry_seconds=60, timeout=30)  # today's map
+        try:
+            np.testing.assert_array_equal(fresh.pull(dense, np.arange(dense.dim)), 3 * ones)
+        finally:
+            fresh.close()
+        # back, the host is told to stop its superseded processes
+        _wait(lambda: not os.path.exists(f"/proc/{old_pid}"), "the deposed primary to stop")
+        assert victim in {h["id"] for h in cl.status()["hosts"] if h["alive"]}
