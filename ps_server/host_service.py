@@ -52,11 +52,14 @@ class HostService(Service):
         min_hosts: int = 1,
         announce: bool = False,
     ) -> None:
-        if partitions < 0 or min_hosts < replicas:
+        if partitions < 0:
             raise ValueError(
-                f"partitions must be >= 0 (0: the joining hosts' shards), got {partitions}; "
-                f"min_hosts must be >= replicas ({replicas}): a backup never shares its "
-                f"primary's host, got {min_hosts}"
+                f"--partitions must be >= 0 (0: the first hosts' --shards), got {partitions}"
+            )
+        if min_hosts < replicas:
+            raise ValueError(
+                f"--min-hosts {min_hosts} is below --replicas {replicas}: a backup never "
+                "shares its primary's host"
             )
         super().__init__(
             host,

@@ -216,7 +216,11 @@ def main(argv: list[str] | None = None) -> None:
         "--host", required=True, help="this host's address: shards bind and advertise it"
     )
     p.add_argument(
-        "--shards", type=int, default=os.cpu_count() or 1, help="shard slots (default: cores)"
+        "--shards",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="shard slots (default: one per core): this host's share of the partitions "
+        "(without --shard-memory-mb); backups and a lost host's partitions come on top",
     )
     p.add_argument(
         "--host-id", default="", help="this host's identity (default: --host; must be unique)"

@@ -1,5 +1,6 @@
 """The PS across hosts: a coordinator in the root namespace, one `shards --join` supervisor
-per host (a network namespace, ``bench/netns.py``), a client in the root namespace.
+per host (a network namespace, ``bench/netns.py``), a client in the root namespace; and, on
+loopback without root, the checks that need no separate network stacks.
 
 Real processes, real separate network stacks; every test tears its namespaces and
 processes down, also when it fails.
@@ -25,11 +26,17 @@ import numpy as np
 import pytest
 
 from bench.netns import Hosts, unavailable
+from ps_server.host_service import HostService
+from ps_server.host_supervisor import HostSupervisor
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.wire import TOKEN_KEY
 from spark_ps.client import PSClient, PSError
 from spark_ps.client.spec import TensorSpec
 
 _WHY = unavailable()
-pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(bool(_WHY), reason=_WHY or "-")]
+pytestmark = pytest.mark.timeout(120)
+needs_hosts = pytest.mark.skipif(bool(_WHY), reason=_WHY or "-")
 
 TOKEN = "hosts-test-token"
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +148,7 @@ def _models(c: PSClient) -> tuple[TensorSpec, TensorSpec]:
     return dense, sparse
 
 
+@needs_hosts
 def test_three_hosts_serve_every_partition_and_status_names_their_hosts(tmp_path):
     with _cluster(tmp_path, 3, 1) as cl:
         ids = {cl.hosts.address(i) for i in range(3)}
@@ -205,6 +213,7 @@ def _moved_primary(cl: Cluster, index: int, old: str, timeout: float = 20.0) -> 
         time.sleep(0.1)
 
 
+@needs_hosts
 @pytest.mark.slow
 def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp_path):
     with _cluster(tmp_path, 3, 2) as cl:
@@ -241,6 +250,7 @@ def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp
         assert all(b is not None and a.digest == b.digest for a, b in pairs)
 
 
+@needs_hosts
 def test_a_lost_host_s_partitions_restore_from_the_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     with _cluster(tmp_path, 2, 1, "--checkpoint-dir", str(ckpt)) as cl:
@@ -261,6 +271,7 @@ def test_a_lost_host_s_partitions_restore_from_the_checkpoint(tmp_path):
         assert {p["host"] for p in st["partitions"]} == {h["id"] for h in st["hosts"] if h["alive"]}
 
 
+@needs_hosts
 def test_without_backup_or_checkpoint_a_lost_partition_is_an_error_naming_it(tmp_path):
     with _cluster(tmp_path, 2, 1) as cl:
         c = cl.client
@@ -285,6 +296,7 @@ def _wait(predicate, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+@needs_hosts
 @pytest.mark.slow
 def test_a_primary_cut_off_while_its_backup_was_promoted_never_acknowledges(tmp_path):
     """A host whose supervisor stops (SIGSTOP) loses its lease while its shards still serve:
@@ -314,3 +326,78 @@ def test_a_primary_cut_off_while_its_backup_was_promoted_never_acknowledges(tmp_
         # back, the host is told to stop its superseded processes
         _wait(lambda: not os.path.exists(f"/proc/{old_pid}"), "the deposed primary to stop")
         assert victim in {h["id"] for h in cl.status()["hosts"] if h["alive"]}
+
+
+# ---------------------------------------------------------------- loopback, no root needed
+@pytest.fixture
+def one_host():
+    """A coordinator in this process and one host's supervisor (a process), on loopback."""
+    svc = HostService(partitions=2, token=TOKEN, host_timeout=LEASE)
+    runner = threading.Thread(target=lambda: (svc.start(), svc.supervise()), daemon=True)
+    runner.start()
+    cmd = [sys.executable, "-m", "ps_server", "shards", "--join", svc.address,
+           "--host", "127.0.0.1", "--host-id", "loop-host", "--shards", "2"]  # fmt: skip
+    host = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdin=subprocess.DEVNULL)
+    try:
+        _wait(svc.coordinator.ready, "both partitions to register")
+        yield svc, host
+    finally:
+        svc.stop_event.set()
+        runner.join(30)
+        try:
+            host.wait(timeout=10)  # told to stop at its next heartbeat
+        finally:
+            if host.poll() is None:
+                host.kill()
+                host.wait()
+
+
+def test_one_host_on_loopback_serves_and_stops_with_the_service(one_host):
+    svc, host = one_host
+    c = PSClient(svc.address, TOKEN, retry_seconds=30)
+    try:
+        spec = TensorSpec("loop", "sparse", 2**40, 1, c.num_shards)
+        c.create(spec)
+        keys = np.array([5, 2**39 + 3, 2**40 - 1])
+        c.push(spec, keys, np.array([1.0, 2.0, 3.0]))
+        np.testing.assert_array_equal(c.pull(spec, keys), [1.0, 2.0, 3.0])
+        smap = c._coord("GetShardMap", pb.Empty())
+        assert list(smap.primary_hosts) == ["loop-host"] * 2
+        assert [h.id for h in smap.hosts] == ["loop-host"] and smap.hosts[0].alive
+    finally:
+        c.close()
+    svc.stop_event.set()
+    assert host.wait(timeout=15) == 0  # the supervisor heard the service stop and exited
+
+
+def test_bad_host_reports_and_stale_shards_are_refused_by_name(one_host):
+    svc, _ = one_host
+    md = ((TOKEN_KEY, TOKEN),)
+    with grpc.insecure_channel(svc.address) as ch:
+        stub = pb_grpc.CoordinatorStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.HostHeartbeat(pb.HostReport(host=pb.HostInfo(id="h", shards=2)), metadata=md)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "id='h' address='' shards=2" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.HostHeartbeat(pb.HostReport(host=pb.HostInfo(id="h", address="a", shards=1)))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stale = pb.RegisterShardRequest(
+            index=1, address="127.0.0.1:1", pid=1, host_id="loop-host", incarnation=999
+        )
+        with pytest.raises(grpc.RpcError) as e:
+            stub.RegisterShard(stale, metadata=md)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "shard 1 at 127.0.0.1:1 (host 'loop-host', launch 999)" in e.value.details()
+        assert stub.GetShardMap(pb.Empty(), metadata=md).addresses[1] != "127.0.0.1:1"
+
+
+def test_hosts_bad_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="'10.9.8.7' without a token"):
+        HostSupervisor("127.0.0.1:1", "10.9.8.7", 2)
+    with pytest.raises(ValueError, match="--shards must be >= 1 \\(got 0\\)"):
+        HostSupervisor("127.0.0.1:1", "127.0.0.1", 0)
+    with pytest.raises(ValueError, match="'10.9.8.7' without a token"):
+        HostService("10.9.8.7")
+    with pytest.raises(ValueError, match="--min-hosts 1 is below --replicas 2"):
+        HostService(replicas=2, min_hosts=1)
