@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import grpc
 
@@ -66,6 +67,7 @@ class HostSupervisor:
             address=address,
             shards=shards,
             memory_mb=shards * shard_memory_mb,
+            session=uuid.uuid4().hex,
         )
         self.procs: dict[int, tuple[pb.ShardLaunch, subprocess.Popen]] = {}
         self.retiring: list[tuple[float, subprocess.Popen]] = []  # (kill deadline, process)
@@ -116,7 +118,7 @@ class HostSupervisor:
             if now - self._unreachable_since > _UNREACHABLE_LOG_SECONDS:
                 self._unreachable_since = now
                 log.warning(
-                    "coordinator %s unreachable (%s: %s); this host's shards keep serving",
+                    "coordinator %s: %s: %s; this host's shards keep serving, trying again",
                     self.join,
                     e.code().name,
                     e.details(),

@@ -40,6 +40,7 @@ log = logging.getLogger("ps_server.hosts")
 LOST_CODE = -9
 #: A host is lost after missing this many heartbeats.
 HEARTBEATS_PER_LEASE = 5
+_DEAD_KEPT_PER_PARTITION = 4  # dead launches remembered (the map names their hosts)
 
 
 @dataclass
@@ -116,7 +117,15 @@ class HostTable:
                 f"memory_mb={info.memory_mb}",
             )
         with self.lock:
+            self._expire()
             host = self.hosts.get(info.id)
+            if host is not None and host.alive and host.info.session != info.session:
+                raise RequestError(
+                    "ALREADY_EXISTS",
+                    f"host id {info.id!r} (address {info.address}) is held by another live "
+                    f"supervisor at {host.info.address}; give each host a unique --host-id "
+                    f"(or wait {self.timeout:g}s for the old one's lease to lapse)",
+                )
             if host is None or not host.alive:
                 log.warning(
                     "host %s (%s) %s: %d shard slots, %.0f MB",
@@ -165,7 +174,7 @@ class HostTable:
                     launch.returncode, launch.wanted = LOST_CODE, False
                 log.error(
                     "host %s (%s) sent no heartbeat for %.1fs (lease %.1fs): lost, with its "
-                    "shard processes %s",
+                    "shard processes (partition/role at launch) %s",
                     host.info.id,
                     host.info.address,
                     now - host.last_seen,
@@ -219,7 +228,15 @@ class HostTable:
             restore = "" if backup else self.checkpoint_dir
             launch = _Launch(next(self._numbers), partition, role, host, restore)
             self.launches[launch.number] = launch
+            self._prune()
             return launch
+
+    def _prune(self) -> None:
+        """Forget the oldest dead launches beyond a bound (holds the lock): a service that
+        runs for months restarts shards without bound."""
+        dead = [n for n, x in self.launches.items() if x.returncode is not None]
+        for n in dead[: max(0, len(dead) - _DEAD_KEPT_PER_PARTITION * len(self.slots))]:
+            del self.launches[n]
 
     def check_registration(self, request: pb.RegisterShardRequest) -> None:
         """Refuse a shard process that is not a current launch of its partition and host."""
@@ -250,14 +267,17 @@ class HostTable:
         """(returncode, pid, whether its host was told to stop) of a launch."""
         with self.lock:
             self._expire()
-            launch = self.launches[number]
+            launch = self.launches.get(number)
+            if launch is None:  # pruned: long dead
+                return LOST_CODE, 0, True
             host = self.hosts.get(launch.host)
             return launch.returncode, launch.pid, host is None or host.told_stop
 
     def unwant(self, number: int) -> None:
         """Ask the launch's host to stop its process (at its next heartbeat)."""
         with self.lock:
-            self.launches[number].wanted = False
+            if number in self.launches:
+                self.launches[number].wanted = False
 
     # ------------------------------------------------------------ the shard map
     def annotate(self, smap: pb.ShardMap) -> None:

@@ -382,6 +382,11 @@ def test_bad_host_reports_and_stale_shards_are_refused_by_name(one_host):
         with pytest.raises(grpc.RpcError) as e:
             stub.HostHeartbeat(pb.HostReport(host=pb.HostInfo(id="h", address="a", shards=1)))
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        twin = pb.HostInfo(id="loop-host", address="127.0.0.2", shards=1, session="other")
+        with pytest.raises(grpc.RpcError) as e:  # the live supervisor's id, another run
+            stub.HostHeartbeat(pb.HostReport(host=twin), metadata=md)
+        assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert "host id 'loop-host' (address 127.0.0.2) is held by another" in e.value.details()
         stale = pb.RegisterShardRequest(
             index=1, address="127.0.0.1:1", pid=1, host_id="loop-host", incarnation=999
         )
