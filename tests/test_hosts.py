@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,10 +51,11 @@ class Cluster:
     client: PSClient
     logs: Path
     supervisors: list[subprocess.Popen]
+    tls: list[str]  # the TLS flags of every command ([] = plaintext)
 
     def status(self) -> dict:
         done = subprocess.run(
-            [sys.executable, "-m", "ps_server", "status", self.address],
+            [sys.executable, "-m", "ps_server", "status", self.address, *self.tls],
             capture_output=True,
             text=True,
             timeout=30,
@@ -97,18 +99,22 @@ def _expect(lines: queue.Queue, prefix: str, timeout: float, logs: Path) -> str:
 
 
 @contextmanager
-def _cluster(tmp_path: Path, n: int, replicas: int, *extra: str) -> Iterator[Cluster]:
+def _cluster(
+    tmp_path: Path, n: int, replicas: int, *extra: str, tls: bool = False
+) -> Iterator[Cluster]:
     """`n` hosts with 2 shard slots each (2n partitions) and their coordinator."""
     procs: list[subprocess.Popen] = []
     files = []
     with Hosts(n) as hosts:
+        ips = [hosts.bridge_address, *map(hosts.address, range(n))]
+        tls_args = _certificate(tmp_path, ips) if tls else []
         try:
             log = open(tmp_path / "coordinator.log", "w")  # noqa: SIM115 - closed below
             files.append(log)
             coordinator = subprocess.Popen(
                 [sys.executable, "-m", "ps_server", "coordinator", "--host",
                  hosts.bridge_address, "--replicas", str(replicas), "--min-hosts", str(n),
-                 "--host-timeout", str(LEASE), *extra],
+                 "--host-timeout", str(LEASE), *tls_args, *extra],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=_env(), cwd=ROOT,
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
@@ -118,12 +124,13 @@ def _cluster(tmp_path: Path, n: int, replicas: int, *extra: str) -> Iterator[Clu
             for i in range(n):
                 files.append(open(tmp_path / f"host{i}.log", "w"))  # noqa: SIM115
                 cmd = [sys.executable, "-m", "ps_server", "shards", "--join", address,
-                       "--host", hosts.address(i), "--shards", "2"]  # fmt: skip
+                       "--host", hosts.address(i), "--shards", "2", *tls_args]  # fmt: skip
                 procs.append(hosts.popen(i, cmd, stderr=files[-1], env=_env(), cwd=ROOT))
             _expect(lines, "SPARK_PS_READY ", 60, tmp_path)
-            client = PSClient(address, TOKEN, retry_seconds=60, timeout=30)
+            ca = Path(tls_args[1]).read_bytes() if tls else None
+            client = PSClient(address, TOKEN, retry_seconds=60, timeout=30, tls_ca=ca)
             try:
-                yield Cluster(hosts, address, client, tmp_path, procs[1:])
+                yield Cluster(hosts, address, client, tmp_path, procs[1:], tls_args)
             finally:
                 client.close()
         finally:
@@ -138,6 +145,18 @@ def _cluster(tmp_path: Path, n: int, replicas: int, *extra: str) -> Iterator[Clu
                     p.wait()
             for f in files:
                 f.close()
+
+
+def _certificate(d: Path, ips: list[str]) -> list[str]:
+    """A self-signed certificate for `ips`, as the flags that serve and trust it."""
+    cert, key = d / "cert.pem", d / "key.pem"
+    san = "subjectAltName=" + ",".join(f"IP:{ip}" for ip in ips)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=spark-ps-test", "-addext", san, "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return ["--tls-cert", str(cert), "--tls-key", str(key)]
 
 
 def _models(c: PSClient) -> tuple[TensorSpec, TensorSpec]:
@@ -181,6 +200,25 @@ def test_three_hosts_serve_every_partition_and_status_names_their_hosts(tmp_path
         assert st["models"]["h-dense"]["rows"] == 1000
         assert st["bytes"] == sum(m["bytes"] for m in st["models"].values()) > 0
         assert all("h-dense" in p["models"] for p in st["partitions"])
+
+
+@needs_hosts
+def test_tls_and_token_across_hosts_with_replicas(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    with _cluster(tmp_path, 2, 2, tls=True) as cl:
+        st = _wait_for_backups(cl)  # seeded and forwarding over TLS, host to host
+        assert all(p["backup_host"] not in ("", p["host"]) for p in st["partitions"])
+        dense, sparse = _models(cl.client)
+        cl.client.push(dense, np.arange(1000), np.arange(1000.0), "set")
+        np.testing.assert_array_equal(cl.client.pull(dense, np.arange(1000)), np.arange(1000.0))
+        assert all(a.digest == b.digest for a, b in cl.client.replica_digests())
+        with pytest.raises(PSError):  # plaintext is refused
+            PSClient(cl.address, TOKEN, retry_seconds=1, timeout=5)
+        ca = Path(cl.tls[1]).read_bytes()
+        with pytest.raises(PSError) as e:
+            PSClient(cl.address, "wrong-token", retry_seconds=1, timeout=5, tls_ca=ca)
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
 def _round(c: PSClient, spec: TensorSpec, r: int, rng: np.random.Generator) -> np.ndarray:
