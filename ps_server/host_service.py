@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import subprocess
+import sys
 
 from ps_server import lifecycle
 from ps_server.hosts import HostTable, RemoteShard
@@ -175,18 +176,21 @@ def main(argv: list[str] | None = None) -> None:
     token = cli.apply_common(args)
     lifecycle.die_with_parent()
     lifecycle.keep_freed_memory()
-    service = HostService(
-        args.host,
-        args.port,
-        args.partitions,
-        token,
-        args.checkpoint_dir,
-        args.replicas,
-        args.max_request_mb,
-        args.host_timeout,
-        args.min_hosts or args.replicas,
-        announce=True,
-    )
+    try:
+        service = HostService(
+            args.host,
+            args.port,
+            args.partitions,
+            token,
+            args.checkpoint_dir,
+            args.replicas,
+            args.max_request_mb,
+            args.host_timeout,
+            args.min_hosts or args.replicas,
+            announce=True,
+        )
+    except (ValueError, OSError) as e:
+        sys.exit(f"spark-ps-server coordinator: {e}")
     service.signals.install()
     service.start(timeout=300)
     if not service.table.slots:

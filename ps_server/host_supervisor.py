@@ -51,11 +51,10 @@ class HostSupervisor:
         host_id: str = "",
         shard_memory_mb: float = 0.0,
     ) -> None:
-        if shards < 1 or shard_memory_mb < 0:
-            raise ValueError(
-                f"--shards must be >= 1 (got {shards}) and --shard-memory-mb >= 0 "
-                f"(got {shard_memory_mb})"
-            )
+        if shards < 1:
+            raise ValueError(f"--shards must be >= 1, got {shards}")
+        if shard_memory_mb < 0:
+            raise ValueError(f"--shard-memory-mb must be >= 0, got {shard_memory_mb}")
         if not token and not is_loopback(address):
             raise ValueError(
                 f"refusing to run shards on non-loopback address {address!r} without a "
@@ -238,7 +237,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     token = cli.apply_common(args)
     lifecycle.die_with_parent()
-    supervisor = HostSupervisor(
-        args.join, args.host, args.shards, token, args.host_id, args.shard_memory_mb
-    )
-    supervisor.run(lifecycle.StopSignals().install())
+    try:
+        supervisor = HostSupervisor(
+            args.join, args.host, args.shards, token, args.host_id, args.shard_memory_mb
+        )
+        supervisor.run(lifecycle.StopSignals().install())
+    except (ValueError, RuntimeError) as e:  # bad flags, or refused by the coordinator
+        sys.exit(f"spark-ps-server shards: {e}")
