@@ -194,6 +194,14 @@ def test_three_hosts_serve_every_partition_and_status_names_their_hosts(tmp_path
         expect = rows.copy()
         expect[:100] *= 2
         np.testing.assert_array_equal(cl.client.pull(sparse, keys), expect)
+        assert cl.client.vector_op("dot", [dense, dense]) == x @ x  # integers: exact
+        gather = {"topic": "h-lane", "step": 0, "part": 0, "n_parts": 1, "wait": 10.0}
+        got = cl.client.call(
+            "rendezvous.gather", [], gather, [[x[:3]]] * 6, shards=list(range(6)), direct=True
+        )
+        assert all(np.array_equal(arrays[0], [x[:3]]) for _, arrays in got)
+        lanes = {a.rsplit(":", 1)[0] for a in cl.client._links.links}  # the shards' own lanes
+        assert lanes == {p["host"] for p in st["partitions"]}
 
         st = cl.status()
         assert st["models"]["h-sparse"]["rows"] == 300
