@@ -66,7 +66,7 @@ class HostSupervisor:
             address=address,
             shards=shards,
             memory_mb=shards * shard_memory_mb,
-            session=uuid.uuid4().hex,
+            run_id=uuid.uuid4().hex,
         )
         self.procs: dict[int, tuple[pb.ShardLaunch, subprocess.Popen]] = {}
         self.retiring: list[tuple[float, subprocess.Popen]] = []  # (kill deadline, process)

@@ -119,7 +119,7 @@ class HostTable:
         with self.lock:
             self._expire()
             host = self.hosts.get(info.id)
-            if host is not None and host.alive and host.info.session != info.session:
+            if host is not None and host.alive and host.info.run_id != info.run_id:
                 raise RequestError(
                     "ALREADY_EXISTS",
                     f"host id {info.id!r} (address {info.address}) is held by another live "

@@ -428,7 +428,7 @@ def test_bad_host_reports_and_stale_shards_are_refused_by_name(one_host):
         with pytest.raises(grpc.RpcError) as e:
             stub.HostHeartbeat(pb.HostReport(host=pb.HostInfo(id="h", address="a", shards=1)))
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        twin = pb.HostInfo(id="loop-host", address="127.0.0.2", shards=1, session="other")
+        twin = pb.HostInfo(id="loop-host", address="127.0.0.2", shards=1, run_id="other")
         with pytest.raises(grpc.RpcError) as e:  # the live supervisor's id, another run
             stub.HostHeartbeat(pb.HostReport(host=twin), metadata=md)
         assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
