@@ -28,12 +28,18 @@ def test_every_host_stays_within_its_bound(num_partitions, num_hosts):
         assert min(load[h] for h in hosts) >= 0.7 * fair, load
 
 
+@pytest.mark.parametrize("num_hosts, per_host", [(3, 2), (4, 2), (3, 3), (5, 1)])
+def test_a_few_partitions_per_host_spread_evenly(num_hosts, per_host):
+    slots = place(num_hosts * per_host, _hosts(num_hosts))
+    assert set(Counter(s.primary for s in slots).values()) == {per_host}
+
+
 def test_weights_are_respected():
     weights = {"small-a": 1.0, "small-b": 1.0, "big": 2.0}
     load = _load(place(900, weights))
     assert 0.45 <= load["big"] / 900 <= 0.55, load
     assert 0.2 <= load["small-a"] / 900 <= 0.3, load
-    assert capacity(weights, 900) == {"small-a": 282, "small-b": 282, "big": 563}
+    assert capacity(weights, 900) == {"small-a": 281, "small-b": 281, "big": 562}
 
 
 @pytest.mark.parametrize("num_hosts", [3, 4, 9])
@@ -43,9 +49,9 @@ def test_a_joining_host_moves_about_one_nth_of_the_partitions(num_hosts):
     old, new = place(1200, before), place(1200, after)
     moved = [p for p, (a, b) in enumerate(zip(old, new, strict=True)) if a.primary != b.primary]
     share = 1 / (num_hosts + 1)
-    assert 0.6 * share <= len(moved) / 1200 <= 1.3 * share, (len(moved), share)
-    # most of those moved to the newcomer, not between old hosts
-    assert sum(new[p].primary == "newcomer" for p in moved) >= 0.8 * len(moved)
+    assert 0.8 * share <= len(moved) / 1200 <= 1.15 * share, (len(moved), share)
+    # those moved to the newcomer, not between old hosts
+    assert sum(new[p].primary == "newcomer" for p in moved) >= 0.95 * len(moved)
 
 
 def test_backups_never_share_their_primarys_host_and_spread_too():
