@@ -179,7 +179,7 @@ def test_three_hosts_serve_every_partition_and_status_names_their_hosts(tmp_path
             assert p["host"] in ids and p["address"].startswith(p["host"] + ":"), p
             assert p["backup"] == p["backup_host"] == p["lost"] == ""
         assert sorted(i for h in st["hosts"] for i in h["primaries"]) == list(range(6))
-        assert len({p["host"] for p in st["partitions"]}) >= 2  # spread, not piled on one
+        assert [len(h["primaries"]) for h in st["hosts"]] == [2, 2, 2]  # their --shards
 
         dense, sparse = _models(cl.client)
         rng = np.random.default_rng(1)
@@ -279,6 +279,8 @@ def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp
                 os.kill(c.health()[one["index"]].pid, signal.SIGKILL)
             if r == 5:
                 assert _moved_primary(cl, one["index"], one["host"]) == one["backup_host"]
+                # its new backup must be seeded first: a second loss before that loses it
+                assert all(p["backup"] for p in _wait_for_backups(cl)["partitions"])
                 assert cl.hosts.kill_host(cl.host_of(victim)) >= 2  # supervisor + shards
             expect += _round(c, dense, r, rng)
             c.push(sparse, keys, np.full((120, 3), float(r), np.float32))
