@@ -334,7 +334,8 @@ def test_without_backup_or_checkpoint_a_lost_partition_is_an_error_naming_it(tmp
         assert e.value.shard in lost
         assert f"partition {e.value.shard} is lost: its primary on host {victim}" in str(e.value)
         assert "no --checkpoint-dir" in str(e.value)
-        assert [p["index"] for p in cl.status()["partitions"] if p["lost"]] == lost
+        marked = lambda: [p["index"] for p in cl.status()["partitions"] if p["lost"]]  # noqa: E731
+        _wait(lambda: marked() == lost, f"partitions {lost} to be marked lost")
 
 
 def _wait(predicate, what: str, timeout: float = 20.0) -> None:
