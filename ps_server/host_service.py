@@ -119,6 +119,8 @@ class HostService(Service):
         usable = b is not None and b.poll() is None and addr and self.coordinator.backups[i] == addr
         if usable or self.checkpoint_dir:
             super()._primary_died(i, p)
+            if b is not None and self.procs[i] is b:  # promoted: the new backup goes where
+                self.table.swap(i)  # the primary was, while that host lives
             return
         why = (
             f"partition {i} is lost: its primary on host {p.host} died (code {p.returncode}) "
@@ -169,7 +171,14 @@ def main(argv: list[str] | None = None) -> None:
         help=f"seconds without a heartbeat after which a host is lost (default "
         f"{DEFAULT_HOST_TIMEOUT:g}; hosts report every fifth of it)",
     )
-    p.add_argument("--replicas", type=int, default=1, choices=(1, 2))
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 2),
+        help="2: every partition has a backup on another host, promoted when its primary or "
+        "its host is lost (default 1: no replication)",
+    )
     p.add_argument("--checkpoint-dir", default="", help="where lost partitions restore from")
     cli.add_common(p)
     args = p.parse_args(argv)

@@ -238,6 +238,12 @@ class HostTable:
         for n in dead[: max(0, len(dead) - _DEAD_KEPT_PER_PARTITION * len(self.slots))]:
             del self.launches[n]
 
+    def swap(self, partition: int) -> None:
+        """The backup of `partition` was promoted: primary and backup hosts trade places."""
+        with self.lock:
+            slot = self.slots[partition]
+            self.slots[partition] = placement.Slot(slot.backup, slot.primary)
+
     def check_registration(self, request: pb.RegisterShardRequest) -> None:
         """Refuse a shard process that is not a current launch of its partition and host."""
         with self.lock:

@@ -290,7 +290,9 @@ def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp
             if r == 5:
                 assert _moved_primary(cl, one["index"], one["host"]) == one["backup_host"]
                 # its new backup must be seeded first: a second loss before that loses it
-                assert all(p["backup"] for p in _wait_for_backups(cl)["partitions"])
+                parts = _wait_for_backups(cl)["partitions"]
+                assert all(p["backup"] for p in parts)
+                assert parts[one["index"]]["backup_host"] == one["host"]  # where it died
                 assert cl.hosts.kill_host(cl.host_of(victim)) >= 2  # supervisor + shards
             expect += _round(c, dense, r, rng)
             c.push(sparse, keys, np.full((120, 3), float(r), np.float32))
