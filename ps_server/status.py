@@ -1,8 +1,8 @@
 """`spark-ps-server status HOST:PORT`: the shard map as JSON.
 
 Hosts (alive, heartbeat age, what they hold), partitions (primary and backup with
-their hosts, or why a partition is lost) and models (rows and bytes per partition and
-in total), read from the coordinator and each partition's primary.
+their hosts, or why a partition is lost), models (rows and bytes per partition and in
+total) and the recovery counters, read from the coordinator and each partition's primary.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def status(address: str, token: str = "", timeout: float = 10.0) -> dict:
     md = ((TOKEN_KEY, token),)
     ca = tls.env_ca()
     with tls.open_channel(address, ca) as ch:
-        smap = pb_grpc.CoordinatorStub(ch).GetShardMap(pb.Empty(), metadata=md, timeout=timeout)
+        stub = pb_grpc.CoordinatorStub(ch)
+        smap = stub.GetShardMap(pb.Empty(), metadata=md, timeout=timeout)
+        counters = dict(stub.GetMetrics(pb.Empty(), metadata=md, timeout=timeout).counters)
     partitions = []
     models: dict[str, dict] = {}
     for i, primary in enumerate(smap.addresses):
@@ -50,6 +52,7 @@ def status(address: str, token: str = "", timeout: float = 10.0) -> dict:
         "partitions": partitions,
         "models": models,
         "bytes": sum(p.get("bytes", 0) for p in partitions),
+        "counters": counters,  # promotions, restarts, lost partitions, ...
     }
 
 

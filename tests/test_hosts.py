@@ -299,6 +299,7 @@ def test_a_lost_host_s_primaries_are_promoted_and_the_model_is_a_clean_run_s(tmp
         np.testing.assert_array_equal(c.pull(dense, np.arange(dense.dim)), expect)
         np.testing.assert_array_equal(c.pull(sparse, keys), np.full((120, 3), 78.0, np.float32))
         assert c.metrics()["promotion"] >= len(on_victim) + 1
+        assert cl.status()["counters"]["promotion"] == c.metrics()["promotion"]
 
         st = _wait_for_backups(cl)
         alive = {h["id"] for h in st["hosts"] if h["alive"]}
