@@ -146,8 +146,7 @@ class HostService(Service):
         super().stop()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`spark-ps-server coordinator`: serve until stopped."""
+def _parser() -> argparse.ArgumentParser:
     from ps_server import cli
 
     p = argparse.ArgumentParser(
@@ -181,7 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--checkpoint-dir", default="", help="where lost partitions restore from")
     cli.add_common(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`spark-ps-server coordinator`: serve until stopped."""
+    from ps_server import cli
+
+    args = _parser().parse_args(argv)
     token = cli.apply_common(args)
     lifecycle.die_with_parent()
     lifecycle.keep_freed_memory()
