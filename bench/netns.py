@@ -43,6 +43,20 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     )
 
 
+def _free_subnet(first: int) -> str:
+    """A 10.213.x subnet no interface of the root namespace is on, trying `first` first.
+
+    Why: two runs whose pids agree modulo 250 got the same subnet, and the second bridge's
+    route hid the first's hosts from the root namespace (every connect timed out).
+    """
+    used = _ip("-o", "-4", "addr", "show", check=False).stdout
+    for k in range(250):
+        x = (first - 1 + k) % 250 + 1
+        if f" 10.213.{x}." not in used:
+            return f"10.213.{x}"
+    raise RuntimeError("hosts: every 10.213.x subnet is in use on this machine")
+
+
 class Hosts:
     """`n` hosts (network namespaces) on a fresh bridge; a context manager that removes
     them, and kills every process left in them, on exit (also when the body fails)."""
@@ -55,7 +69,7 @@ class Hosts:
             raise ValueError(f"hosts: n must be in [1, 200], got {n}")
         # names and subnet unique per process, so parallel runs do not collide
         self.tag = tag or f"{os.getpid() % 100000}"
-        self.subnet = f"10.213.{os.getpid() % 250 + 1}"
+        self.subnet = _free_subnet(os.getpid() % 250 + 1)
         self.bridge = f"spsbr{self.tag}"[:15]
         self.names = [f"sps{self.tag}h{i}" for i in range(n)]
         self._veths = [f"spv{self.tag}h{i}"[:15] for i in range(n)]

@@ -1,21 +1,48 @@
-"""`spark-ps-server` / `python -m ps_server`: run a coordinator and N shards as a service."""
+"""`spark-ps-server` / `python -m ps_server`: run the PS as a service.
+
+With no command, a coordinator and N shards on this host (``--shards N``). Across hosts:
+``coordinator`` on one machine, ``shards --join HOST:PORT`` on each of the others, and
+``status HOST:PORT`` prints the shard map as JSON.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 
-from ps_server.wire import DEFAULT_MAX_REQUEST_MB
+from ps_server import cli
 
-__all__ = ["main"]
+__all__ = ["main", "COMMANDS"]
+
+#: Subcommands: name -> module whose main(argv) runs it.
+COMMANDS = {
+    "coordinator": "ps_server.host_service",
+    "shards": "ps_server.host_supervisor",
+    "status": "ps_server.status",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:
+        import importlib
+
+        importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+        return
+    single_host(argv)
+
+
+def single_host(argv: list[str]) -> None:
+    """The coordinator and N shard processes, all on this host."""
     p = argparse.ArgumentParser(
         prog="spark-ps-server",
         description="Run the spark-ps parameter server: a coordinator and N shard processes. "
-        "Spark jobs connect with --conf spark.ps.address=HOST:PORT and spark.ps.token.",
+        "Spark jobs connect with --conf spark.ps.address=HOST:PORT and spark.ps.token. "
+        "Across hosts: `spark-ps-server coordinator ...` on one machine and "
+        "`spark-ps-server shards --join HOST:PORT ...` on the others "
+        "(`spark-ps-server coordinator --help`).",
     )
     p.add_argument(
         "--host",
@@ -35,13 +62,6 @@ def main(argv: list[str] | None = None) -> None:
         help="directory (or pyarrow.fs URI) that restarted shards restore from",
     )
     p.add_argument(
-        "--max-request-mb",
-        type=float,
-        default=DEFAULT_MAX_REQUEST_MB,
-        help=f"refuse requests larger than this (default {DEFAULT_MAX_REQUEST_MB}); clients "
-        "chunk below it",
-    )
-    p.add_argument(
         "--shard-memory-mb",
         type=float,
         default=0,
@@ -56,22 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         help="processes per shard: 2 adds a backup that applies every update before it is "
         "acknowledged and takes over when the primary dies (default 1: no replication)",
     )
-    p.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS (with --tls-key)")
-    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    p.add_argument("--tls-ca", default="", help="PEM CA the shards trust (default: the cert)")
-    p.add_argument("--log-level", default="INFO")
+    cli.add_common(p)
     args = p.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
-    token = os.environ.get("SPARK_PS_TOKEN", "")
-    from ps_server import tls
-
-    for env, value in (
-        (tls.ENV_CERT, args.tls_cert),
-        (tls.ENV_KEY, args.tls_key),
-        (tls.ENV_CA, args.tls_ca),
-    ):
-        if value:
-            os.environ[env] = os.path.abspath(value)  # inherited by the shard processes
+    token = cli.apply_common(args)
     from ps_server.lifecycle import keep_freed_memory
     from ps_server.service import run
 

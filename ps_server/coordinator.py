@@ -91,6 +91,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.queues: dict[str, TaskQueue] = {}
         self.last_use = LastUse(idle_ttl() if idle_seconds is None else idle_seconds)
         self._on_shutdown = on_shutdown
+        self.hosts = None  # a service across hosts: its ps_server.hosts.HostTable
 
     def count(self, event: str, n: int = 1) -> int:
         """Add `n` to the counter of a recovery event ("restart", "promotion", "restore",
@@ -123,6 +124,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.removed.pop(key, None)
             elif kind == "executor":
                 self.removed_executors.discard(key)
+
+    def map_changed(self) -> None:
+        """Wake what waits on the shard map (for code that changed it from outside)."""
+        self._notify(_SHARDS)
 
     def _notify(self, *keys: Hashable) -> None:
         """Wake the calls waiting on `keys` (any thread; under `cond` or not)."""
@@ -159,13 +164,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return all(self.addresses)
 
     def _map(self) -> pb.ShardMap:
-        return pb.ShardMap(
+        smap = pb.ShardMap(
             addresses=self.addresses,
             epoch=self.epoch,
             backups=self.backups,
             restarts=self.restarts,
             max_request_bytes=self.max_request_bytes,
         )
+        if self.hosts is not None:
+            self.hosts.annotate(smap)
+        return smap
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < len(self.addresses):
@@ -183,6 +191,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         """A primary (or solo shard) enters the map; a backup waits to be seeded."""
         with self.cond:
             self._check_index(request.index)
+            if self.hosts is not None and request.host_id:
+                self.hosts.check_registration(request)  # a superseded process is refused
             if request.backup:
                 self.joining[request.index] = (request.address, request.pid)
             else:
@@ -196,9 +206,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_guard
     async def DropReplica(self, request, context):
-        """The primary of `index` could not update its backup: never promote that one."""
+        """The primary of `index` could not update its backup: never promote that one.
+
+        Refused to a process that is no longer the primary (its backup was promoted while
+        it was cut off): it must step down rather than acknowledge on its own.
+        """
         with self.cond:
             self._check_index(request.index)
+            if request.pid and request.pid != self.pids[request.index]:
+                raise RequestError(
+                    "FAILED_PRECONDITION",
+                    f"shard {request.index}: process {request.pid} is no longer its primary "
+                    f"(process {self.pids[request.index]} at {self.addresses[request.index]} is)",
+                )
             self.drop_backup(request.index, request.address)
             return self._map()
 
@@ -583,6 +603,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             for q in self.queues.values():  # leases lapse even when nobody asks for work
                 self._expire(q)
             return pb.Metrics(counters=dict(self.counters), waiting=len(self.waiters))
+
+    @_guard
+    async def HostHeartbeat(self, request, context):
+        """A per-host supervisor's report; answered with the shards it must run."""
+        if self.hosts is None:
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                f"host {request.host.id!r}: this coordinator runs its own shards "
+                "(spark-ps-server --shards N); hosts join a `spark-ps-server coordinator`",
+            )
+        return self.hosts.report(request)
 
     @_guard
     async def Shutdown(self, request, context):

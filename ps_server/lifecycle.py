@@ -60,9 +60,19 @@ def keep_freed_memory(mmap_mb: int = 32, trim_mb: int = 256) -> bool:
 
 
 def register_with_coordinator(
-    address: str, token: str, index: int, own: str, timeout: float = 30.0, backup: bool = False
+    address: str,
+    token: str,
+    index: int,
+    own: str,
+    timeout: float = 30.0,
+    backup: bool = False,
+    launch: tuple[str, int] = ("", 0),
 ) -> None:
-    """Tell the coordinator where shard `index` (or a backup of it) listens; retried."""
+    """Tell the coordinator where shard `index` (or a backup of it) listens; retried.
+
+    `launch`: (host id, launch number) of a shard a host's supervisor started.
+    """
+    host_id, incarnation = launch
     deadline = time.monotonic() + timeout
     from ps_server.tls import env_ca, open_channel
 
@@ -72,13 +82,20 @@ def register_with_coordinator(
             try:
                 stub.RegisterShard(
                     pb.RegisterShardRequest(
-                        index=index, address=own, pid=os.getpid(), backup=backup
+                        index=index,
+                        address=own,
+                        pid=os.getpid(),
+                        backup=backup,
+                        host_id=host_id,
+                        incarnation=incarnation,
                     ),
                     metadata=((TOKEN_KEY, token),),
                     timeout=5,
                 )
                 return
-            except grpc.RpcError:
+            except grpc.RpcError as e:  # a superseded launch is refused for good
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)

@@ -21,6 +21,10 @@ supervisor (``ps_server.service``) then starts a fresh backup, which the
 primary seeds with a snapshot of its whole state (models, optimizer state,
 pending exactly-once contributions, remembered answers; see ``_seed_backup``), and
 the coordinator never attaches a backup its primary dropped while it was seeded.
+A primary that was cut off while its backup was promoted (a host that lost its
+lease, ``ps_server.hosts``) learns it there: the coordinator refuses its drop, and
+it steps down (role "deposed") without acknowledging, so the client retries the
+same request id on the new primary.
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ class Replica:
         if self.role != "primary":
             raise RequestError(
                 "UNAVAILABLE",
-                f"{self.where} is a backup and serves no clients; re-read the shard map",
+                f"{self.where} serves no clients; re-read the shard map",
             )
 
     # ------------------------------------------------------------ applying
@@ -302,6 +306,11 @@ class Replica:
         except grpc.RpcError as e:
             self._coord_channel.close()  # the next attempt connects afresh, no back-off
             self._coord_channel = None
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # we were deposed
+                self.role = "deposed"  # never acknowledge again
+                raise RequestError(
+                    "UNAVAILABLE", f"{self.where}: {e.details()}; re-read the shard map"
+                ) from None
             raise RequestError(
                 "UNAVAILABLE",
                 f"{self.where}: cannot confirm with the coordinator that backup "

@@ -158,6 +158,10 @@ class Service:
         if self.checkpoint_dir:  # torn versions of a crashed run: nobody writes them now
             checkpoint.prune(self.checkpoint_dir, keep=0, all_torn=True)
         self.server.start()
+        self._launch(timeout)
+
+    def _launch(self, timeout: float) -> None:
+        """Start every shard (and backup) and wait until all are in the map."""
         for i in range(self.num_shards):
             self.procs[i] = self._spawn(i, self._primary_role)
             if self.replicas == 2:

@@ -424,6 +424,8 @@ def main(argv: list[str] | None = None) -> None:
         default="solo",
         help="solo: no replication; primary/backup: one of two replicas of this index",
     )
+    p.add_argument("--host-id", default="", help="the host whose supervisor started us")
+    p.add_argument("--incarnation", type=int, default=0, help="that supervisor's launch number")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     lifecycle.die_with_parent()
@@ -452,7 +454,12 @@ def main(argv: list[str] | None = None) -> None:
                 version,
             )
     lifecycle.register_with_coordinator(
-        args.coordinator, token, args.index, f"{args.host}:{port}", backup=args.role == "backup"
+        args.coordinator,
+        token,
+        args.index,
+        f"{args.host}:{port}",
+        backup=args.role == "backup",
+        launch=(args.host_id, args.incarnation),
     )
     lifecycle.wait_for_parent_or_stop(server)
 

@@ -813,6 +813,11 @@ class CoordinatorStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.Metrics.FromString,
                 _registered_method=True)
+        self.HostHeartbeat = channel.unary_unary(
+                '/spark_ps.Coordinator/HostHeartbeat',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.HostReport.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.HostAssignment.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -948,6 +953,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HostHeartbeat(self, request, context):
+        """A per-host supervisor registers (its first report) and heartbeats (ps_server.hosts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1055,6 +1067,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetMetrics,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.Empty.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.Metrics.SerializeToString,
+            ),
+            'HostHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.HostHeartbeat,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.HostReport.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.HostAssignment.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1624,6 +1641,33 @@ class Coordinator:
             '/spark_ps.Coordinator/GetMetrics',
             ps__server_dot_proto_dot_ps__pb2.Empty.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.Metrics.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HostHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/HostHeartbeat',
+            ps__server_dot_proto_dot_ps__pb2.HostReport.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.HostAssignment.FromString,
             options,
             channel_credentials,
             insecure,

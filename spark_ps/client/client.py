@@ -160,6 +160,7 @@ class PSClient:
         self.shards = [pb_grpc.ShardStub(self._channel(a)) for a in smap.addresses]
         self.addresses = list(smap.addresses)
         self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
+        self.lost = list(smap.lost)  # across hosts: why a partition is lost ("" = it is not)
         self._retire({*self.addresses, *self.backups, self.address})
         limit = smap.max_request_bytes
         if limit and limit != self.max_request_bytes:
@@ -224,6 +225,7 @@ class PSClient:
         ]
         deadline, delay = time.monotonic() + self.retry_seconds, 0.1
         while pending:
+            self._check_lost(rpc, {requests[i][0] for i in pending})
             retry = []
             for i, fut in self._send(rpc, requests, mds, pending, direct):
                 try:
@@ -246,6 +248,12 @@ class PSClient:
                 self.refresh()
             pending = retry
         return results
+
+    def _check_lost(self, rpc: str, shards: set[int]) -> None:
+        """Refuse a call to a partition the PS lost (both replicas gone, nothing to restore)."""
+        for s in sorted(shards):
+            if s < len(self.lost) and self.lost[s]:
+                raise PSError(self.lost[s], code=grpc.StatusCode.DATA_LOSS, shard=s, rpc=rpc)
 
     def _send(
         self,

@@ -1,0 +1,347 @@
+"""The coordinator's host table: hosts, their leases, and the shard processes they run.
+
+A host is a `spark-ps-server shards --join` supervisor. Its first report registers it;
+it then reports every ``heartbeat_seconds`` and on every death of one of its shard
+processes. A host that has not reported for ``timeout`` seconds (its lease, five
+heartbeats) is lost: every shard process it ran counts as dead with code
+:data:`LOST_CODE`, and the service promotes backups and re-places partitions exactly
+as for a single dead process.
+
+Each shard process the coordinator wants is a *launch*: a partition, a role, a host
+and a number unique in this coordinator. The supervisor starts each listed launch
+once and never restarts it; the service decides what replaces a dead one (a promoted
+backup, or a new launch, on the same host while it lives). A process registers with
+its launch number, so one left over from a superseded launch can never enter the map.
+
+:class:`RemoteShard` shows a launch to the service's supervision (``ps_server.service``)
+as the subset of ``subprocess.Popen`` it uses, so replication and recovery run the same
+code on one host and across hosts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ps_server import placement
+from ps_server.proto import ps_pb2 as pb
+from ps_server.wire import RequestError
+
+__all__ = ["HostTable", "RemoteShard", "LOST_CODE", "HEARTBEATS_PER_LEASE"]
+
+log = logging.getLogger("ps_server.hosts")
+
+#: Exit code given to the processes of a host whose lease lapsed (as if SIGKILLed).
+LOST_CODE = -9
+#: A host is lost after missing this many heartbeats.
+HEARTBEATS_PER_LEASE = 5
+_DEAD_KEPT_PER_PARTITION = 4  # dead launches remembered (the map names their hosts)
+
+
+@dataclass
+class _Host:
+    info: pb.HostInfo
+    last_seen: float
+    alive: bool = True
+    told_stop: bool = False
+
+    @property
+    def weight(self) -> float:
+        """Memory budget in MB when the host has one, else its shard count."""
+        return self.info.memory_mb or float(self.info.shards)
+
+
+@dataclass
+class _Launch:
+    number: int
+    partition: int
+    role: str
+    host: str
+    restore: str
+    pid: int = 0
+    address: str = ""  # where it registered
+    returncode: int | None = None
+    wanted: bool = True
+
+    def message(self) -> pb.ShardLaunch:
+        return pb.ShardLaunch(
+            incarnation=self.number, partition=self.partition, role=self.role, restore=self.restore
+        )
+
+
+class HostTable:
+    """Hosts and launches of a PS across hosts; every method is thread-safe.
+
+    Lock order: a caller may hold the coordinator's condition when it calls in (the
+    shard map, registrations); nothing here calls out while holding `self.lock`.
+    """
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        replicas: int = 1,
+        checkpoint_dir: str = "",
+        max_request_mb: float = 0.0,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"host lease timeout must be > 0 seconds, got {timeout}")
+        self.timeout, self.replicas = timeout, replicas
+        self.checkpoint_dir, self.max_request_mb = checkpoint_dir, max_request_mb
+        self.lock = threading.Condition()
+        self.hosts: dict[str, _Host] = {}
+        self.launches: dict[int, _Launch] = {}
+        self.slots: list[placement.Slot] = []  # where each partition's replicas belong
+        self.lost: dict[int, str] = {}  # partition -> why it is lost
+        self.stopping = False
+        self._numbers = itertools.count(1)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.timeout / HEARTBEATS_PER_LEASE
+
+    # ------------------------------------------------------------ hosts
+    def report(self, report: pb.HostReport) -> pb.HostAssignment:
+        """A supervisor's heartbeat: (re)register its host, record its processes' fates,
+        and answer with the launches it must be running."""
+        info = report.host
+        if not info.id or not info.address or info.shards < 1 or info.memory_mb < 0:
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"host report needs an id, an address, shards >= 1 and memory_mb >= 0; got "
+                f"id={info.id!r} address={info.address!r} shards={info.shards} "
+                f"memory_mb={info.memory_mb}",
+            )
+        with self.lock:
+            self._expire()
+            host = self.hosts.get(info.id)
+            if host is not None and host.alive and host.info.run_id != info.run_id:
+                raise RequestError(
+                    "ALREADY_EXISTS",
+                    f"host id {info.id!r} (address {info.address}) is held by another live "
+                    f"supervisor at {host.info.address}; give each host a unique --host-id "
+                    f"(or wait {self.timeout:g}s for the old one's lease to lapse)",
+                )
+            if host is None or not host.alive:
+                log.warning(
+                    "host %s (%s) %s: %d shard slots, %.0f MB",
+                    info.id,
+                    info.address,
+                    "joined" if host is None else "is back (its old shards are not)",
+                    info.shards,
+                    info.memory_mb,
+                )
+                host = self.hosts[info.id] = _Host(pb.HostInfo(), 0.0)
+            host.info.CopyFrom(info)
+            host.last_seen, host.alive = time.monotonic(), True
+            for proc in report.processes:
+                self._record(info.id, proc)
+            host.told_stop = self.stopping
+            self.lock.notify_all()
+            return pb.HostAssignment(
+                launches=[
+                    launch.message()
+                    for launch in self.launches.values()
+                    if launch.host == info.id and launch.wanted and launch.returncode is None
+                ],
+                heartbeat_seconds=self.heartbeat_seconds,
+                stop=self.stopping,
+                max_request_mb=self.max_request_mb,
+            )
+
+    def _record(self, host: str, proc: pb.ShardProcess) -> None:
+        launch = self.launches.get(proc.incarnation)
+        if launch is None or launch.host != host:
+            return
+        launch.pid = launch.pid or proc.pid
+        if proc.exited and launch.returncode is None:
+            launch.returncode, launch.wanted = proc.exit_code, False
+            self.lock.notify_all()
+
+    def _expire(self) -> None:
+        """Declare lost every host whose lease lapsed (holds the lock)."""
+        now = time.monotonic()
+        for host in self.hosts.values():
+            if host.alive and now - host.last_seen > self.timeout:
+                host.alive = False
+                dead = [x for x in self.launches.values() if x.host == host.info.id]
+                dead = [x for x in dead if x.returncode is None]
+                for launch in dead:
+                    launch.returncode, launch.wanted = LOST_CODE, False
+                log.error(
+                    "host %s (%s) sent no heartbeat for %.1fs (lease %.1fs): lost, with its "
+                    "shard processes (partition/role at launch) %s",
+                    host.info.id,
+                    host.info.address,
+                    now - host.last_seen,
+                    self.timeout,
+                    [f"{x.partition}/{x.role}" for x in dead] or "(none)",
+                )
+                self.lock.notify_all()
+
+    def live_weights(self) -> dict[str, float]:
+        with self.lock:
+            self._expire()
+            return {h: host.weight for h, host in self.hosts.items() if host.alive}
+
+    def wait_for_hosts(self, count: int, stopped: Callable[[], bool]) -> list[pb.HostInfo]:
+        """Block until `count` hosts are alive; returns them ([] once `stopped()`)."""
+        with self.lock:
+            while not stopped():
+                self._expire()
+                alive = [h.info for h in self.hosts.values() if h.alive]
+                if len(alive) >= count:
+                    return alive
+                self.lock.wait(0.2)
+            return []
+
+    # ------------------------------------------------------------ placement & launches
+    def place_all(self, num_partitions: int) -> list[placement.Slot]:
+        """Place every partition on the live hosts (once, before the first launch)."""
+        slots = placement.place(num_partitions, self.live_weights(), self.replicas)
+        with self.lock:
+            self.slots = slots
+        log.info("placed %d partitions: %s", num_partitions, _summary(slots))
+        return slots
+
+    def launch(self, partition: int, role: str, avoid: str = "") -> _Launch | None:
+        """A new launch of `partition` in `role` on its placed host, or on its next choice
+        among live hosts other than `avoid` (the other replica's); None without a host."""
+        weights = self.live_weights()
+        with self.lock:
+            slot = self.slots[partition]
+            backup = role == "backup"
+            host = slot.backup if backup else slot.primary
+            if host not in weights or host == avoid:
+                loads = Counter(x.host for x in self.launches.values() if x.wanted)
+                caps = placement.capacity(weights, len(self.slots) * self.replicas)
+                host = placement.choose(partition, weights, loads, caps, exclude={avoid} - {""})
+            if not host:
+                return None
+            self.slots[partition] = (
+                placement.Slot(slot.primary, host) if backup else placement.Slot(host, slot.backup)
+            )
+            restore = "" if backup else self.checkpoint_dir
+            launch = _Launch(next(self._numbers), partition, role, host, restore)
+            self.launches[launch.number] = launch
+            self._prune()
+            return launch
+
+    def _prune(self) -> None:
+        """Forget the oldest dead launches beyond a bound (holds the lock): a service that
+        runs for months restarts shards without bound."""
+        dead = [n for n, x in self.launches.items() if x.returncode is not None]
+        for n in dead[: max(0, len(dead) - _DEAD_KEPT_PER_PARTITION * len(self.slots))]:
+            del self.launches[n]
+
+    def swap(self, partition: int) -> None:
+        """The backup of `partition` was promoted: primary and backup hosts trade places."""
+        with self.lock:
+            slot = self.slots[partition]
+            self.slots[partition] = placement.Slot(slot.backup, slot.primary)
+
+    def check_registration(self, request: pb.RegisterShardRequest) -> None:
+        """Refuse a shard process that is not a current launch of its partition and host."""
+        with self.lock:
+            launch = self.launches.get(request.incarnation)
+            current = (
+                launch is not None
+                and launch.wanted
+                and launch.returncode is None
+                and (launch.host, launch.partition) == (request.host_id, request.index)
+                and (launch.role == "backup") == request.backup
+            )
+            if not current:
+                raise RequestError(
+                    "FAILED_PRECONDITION",
+                    f"shard {request.index} at {request.address} (host {request.host_id!r}, "
+                    f"launch {request.incarnation}) is not a current launch of that partition "
+                    "on that host; refused",
+                )
+            launch.address, launch.pid = request.address, request.pid
+
+    def lose(self, partition: int, why: str) -> None:
+        """Mark `partition` lost: clients get `why` instead of a shard."""
+        with self.lock:
+            self.lost[partition] = why
+
+    def state(self, number: int) -> tuple[int | None, int, bool]:
+        """(returncode, pid, whether its host was told to stop) of a launch."""
+        with self.lock:
+            self._expire()
+            launch = self.launches.get(number)
+            if launch is None:  # pruned: long dead
+                return LOST_CODE, 0, True
+            host = self.hosts.get(launch.host)
+            return launch.returncode, launch.pid, host is None or host.told_stop
+
+    def unwant(self, number: int) -> None:
+        """Ask the launch's host to stop its process (at its next heartbeat)."""
+        with self.lock:
+            if number in self.launches:
+                self.launches[number].wanted = False
+
+    # ------------------------------------------------------------ the shard map
+    def annotate(self, smap: pb.ShardMap) -> None:
+        """Fill in the map's hosts, each replica's host and the lost partitions."""
+        with self.lock:
+            self._expire()
+            now = time.monotonic()
+            for host in self.hosts.values():
+                info = smap.hosts.add()
+                info.CopyFrom(host.info)
+                info.alive, info.seconds_since_heartbeat = host.alive, now - host.last_seen
+            where = {x.address: x.host for x in self.launches.values() if x.address}
+            smap.primary_hosts.extend(where.get(a, "") for a in smap.addresses)
+            smap.backup_hosts.extend(where.get(a, "") for a in smap.backups)
+            smap.lost.extend(self.lost.get(i, "") for i in range(len(smap.addresses)))
+
+
+def _summary(slots: list[placement.Slot]) -> str:
+    load = Counter(s.primary for s in slots)
+    backups = Counter(s.backup for s in slots if s.backup)
+    return ", ".join(f"{h}: {load[h]} primaries, {backups[h]} backups" for h in sorted(load))
+
+
+class RemoteShard:
+    """A launch seen as the part of ``subprocess.Popen`` that the service's supervision
+    uses: ``poll``/``returncode`` from its host's reports (or its lease), ``pid`` as
+    reported, ``terminate``/``kill`` by dropping it from the host's assignment."""
+
+    def __init__(self, table: HostTable, launch: _Launch) -> None:
+        self.table, self.number = table, launch.number
+        self.host, self.partition, self.role = launch.host, launch.partition, launch.role
+
+    @property
+    def pid(self) -> int:
+        return self.table.state(self.number)[1]
+
+    @property
+    def returncode(self) -> int | None:
+        return self.table.state(self.number)[0]
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def terminate(self) -> None:
+        self.table.unwant(self.number)
+
+    kill = terminate
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Until its host reports it gone, is lost, or was told to stop (at most `timeout`,
+        or one lease)."""
+        deadline = time.monotonic() + (timeout if timeout is not None else self.table.timeout)
+        while time.monotonic() < deadline:
+            code, _, told_stop = self.table.state(self.number)
+            if code is not None or told_stop:
+                return code
+            time.sleep(0.05)
+        return self.returncode
+
+    def __repr__(self) -> str:
+        return f"RemoteShard(partition {self.partition}, {self.role}, host {self.host})"
