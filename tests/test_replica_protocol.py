@@ -5,6 +5,7 @@ nothing until it can."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -63,6 +64,7 @@ def test_a_primary_acknowledges_nothing_until_the_coordinator_knows_its_backup_i
 
     servicer = CoordinatorServicer(1)
     servicer.addresses[0], servicer.backups[0] = "primary:1", dead_backup
+    servicer.pids[0] = os.getpid()  # this process is the primary the coordinator knows
     server = LoopServer(
         lambda s: pb_grpc.add_CoordinatorServicer_to_server(servicer, s), f"127.0.0.1:{port}"
     )
