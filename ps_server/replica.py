@@ -1,5 +1,8 @@
 """Primary/backup replication of one shard partition (a replication chain of two).
 
+The protocol (state, messages, invariants and the tests that check them) is written
+down in docs/replication.md.
+
 With ``--replicas 2`` each shard index runs two processes. The *primary* serves
 clients; every mutating request is sent on to the *backup* as the same request
 bytes and applied on both at once, and only when both have applied it is the
