@@ -193,15 +193,7 @@ class HostSupervisor:
     def stop(self) -> None:
         """Stop every shard process of this host."""
         procs = [p for _, p in self.procs.values()] + [p for _, p in self.retiring]
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        lifecycle.stop_processes(procs)
         self.procs.clear()
         self._channel.close()
 

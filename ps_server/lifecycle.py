@@ -6,7 +6,9 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -19,11 +21,27 @@ __all__ = [
     "die_with_parent",
     "keep_freed_memory",
     "register_with_coordinator",
+    "stop_processes",
     "wait_for_parent_or_stop",
 ]
 
 log = logging.getLogger("ps_server")
 _PR_SET_PDEATHSIG = 1
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM every live process, then SIGKILL those still alive after `grace` seconds;
+    returns once all have exited (all are asked at once, so stopping N costs one grace)."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def die_with_parent() -> None:

@@ -352,15 +352,7 @@ class Service:
         with self._lock:  # no process is started after this
             self.stop_event.set()
             procs = list(self._spawned)
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        lifecycle.stop_processes(procs)
         self._close_channels()
         self.server.stop(grace=0.5)
 

@@ -29,6 +29,7 @@ import pytest
 from bench.netns import Hosts, unavailable
 from ps_server.host_service import HostService
 from ps_server.host_supervisor import HostSupervisor
+from ps_server.lifecycle import stop_processes
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
@@ -139,15 +140,7 @@ def _cluster(
             finally:
                 client.close()
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_processes(procs, grace=10)
             for f in files:
                 f.close()
 
