@@ -34,7 +34,8 @@ import numpy as np
 import pyarrow as pa
 
 from ps_server.lifecycle import keep_freed_memory
-from spark_ps.client import get_client
+from spark_ps.client import PSUnreachable, get_client
+from spark_ps.client.reach import unreachable_in
 from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
@@ -342,7 +343,12 @@ class PSJob:
                     self.result = self._df.collect()
                     return
                 except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                    if self._stopping or launch == launches or not _task_failed(e):
+                    if (
+                        self._stopping
+                        or launch == launches
+                        or not _task_failed(e)
+                        or unreachable_in(str(e))  # a relaunch cannot reach it either
+                    ):
                         self.error = e
                         return
                     why = str(e)[str(e).find(_BARRIER_ABORT) :][:400]
@@ -446,11 +452,18 @@ class PSJob:
         r = self.command(op, **payload)
         return r, self.collect(r)
 
+    def _failed(self) -> Exception:
+        """The error to raise for the worker job's failure: an executor that could not
+        reach the PS is a `PSUnreachable` naming the address and the settings, not a
+        page of Spark stack traces."""
+        line = unreachable_in(str(self.error))
+        if line is not None:
+            return PSUnreachable(f"{line} (spark-ps {self.name}: the worker job failed)")
+        return RuntimeError(f"spark-ps {self.name}: the worker job failed: {self.error}")
+
     def _check(self) -> None:
         if self.error is not None:
-            raise RuntimeError(
-                f"spark-ps {self.name}: the worker job failed: {self.error}"
-            ) from self.error
+            raise self._failed() from self.error
         if self.result is not None:
             raise RuntimeError(f"spark-ps {self.name}: the worker job ended early")
 
@@ -459,9 +472,7 @@ class PSJob:
         self.command("stop")
         self._thread.join(timeout=120)
         if raise_errors and self.error is not None:
-            raise RuntimeError(
-                f"spark-ps {self.name}: the worker job failed: {self.error}"
-            ) from self.error
+            raise self._failed() from self.error
 
 
 def partitions_for(df, num_workers: int):
