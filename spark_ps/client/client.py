@@ -760,6 +760,11 @@ def _refuse_non_finite(spec: TensorSpec, keys: np.ndarray, values: np.ndarray) -
     )
 
 
+def _reread(client: PSClient) -> list[str]:
+    client.refresh()
+    return client.addresses
+
+
 def get_client(address: str, token: str = "", tls_ca: bytes | None = None) -> PSClient:
     """The cached client of this process for (address, token, CA): one channel set per worker.
 
@@ -775,7 +780,7 @@ def get_client(address: str, token: str = "", tls_ca: bytes | None = None) -> PS
             check_reachable([address])
             client = PSClient(address, token, tls_ca=tls_ca)
             try:
-                check_reachable(client.addresses)
+                check_reachable(client.addresses, refresh=lambda: _reread(client))
             except BaseException:
                 client.close()
                 raise

@@ -20,12 +20,13 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = [
     "PSUnreachable",
     "check_reachable",
     "connect_timeout",
+    "reaches",
     "unreachable_in",
     "unreachable_message",
 ]
@@ -80,28 +81,47 @@ def _this_host(host: str, port: int) -> str:
     return ", ".join(addresses[:3]) or socket.gethostname()
 
 
-def check_reachable(addresses: Iterable[str], timeout: float | None = None) -> None:
-    """Open (and close) a TCP connection to every ``host:port``, retrying each refusal or
+def check_reachable(
+    addresses: Iterable[str],
+    timeout: float | None = None,
+    refresh: Callable[[], Iterable[str]] | None = None,
+) -> None:
+    """Open (and close) a TCP connection to every ``host:port``, retrying a refusal or a
     timeout until `timeout` seconds (default :func:`connect_timeout`) have passed.
+
+    `refresh`, if given, is called after each failed attempt for the addresses to probe
+    from then on (a shard map re-read: a restarted shard has a new address).
 
     Raises
     ------
     PSUnreachable
-        Naming the first address that never accepted, this host, and the settings.
+        Naming the address that never accepted, this host, and the settings.
     """
     timeout = connect_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout
-    for address in dict.fromkeys(addresses):
-        host, port = _split(address)
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                socket.create_connection((host, port), timeout=max(0.2, min(left, 3.0))).close()
-                break
-            except OSError as e:
-                if time.monotonic() + 0.2 >= deadline:
-                    raise PSUnreachable(unreachable_message(address, e, timeout)) from None
-                time.sleep(0.2)
+    pending = list(dict.fromkeys(addresses))
+    while pending:
+        host, port = _split(pending[0])
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=max(0.2, min(left, 3.0))).close()
+            pending.pop(0)
+            continue
+        except OSError as e:
+            if time.monotonic() + 0.2 >= deadline:
+                raise PSUnreachable(unreachable_message(pending[0], e, timeout)) from None
+        time.sleep(0.2)
+        if refresh is not None:
+            pending = list(dict.fromkeys(refresh()))
+
+
+def reaches(addresses: Iterable[str], timeout: float = 2.0) -> bool:
+    """Does this process reach every address within `timeout` seconds?"""
+    try:
+        check_reachable(addresses, timeout)
+    except PSUnreachable:
+        return False
+    return True
 
 
 def unreachable_message(address: str, error: BaseException, timeout: float) -> str:

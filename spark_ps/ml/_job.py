@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from ps_server.lifecycle import keep_freed_memory
 from spark_ps.client import PSUnreachable, get_client
-from spark_ps.client.reach import unreachable_in
+from spark_ps.client.reach import reaches, unreachable_in
 from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
@@ -347,7 +347,7 @@ class PSJob:
                         self._stopping
                         or launch == launches
                         or not _task_failed(e)
-                        or unreachable_in(str(e))  # a relaunch cannot reach it either
+                        or self._unreachable(e)  # a relaunch cannot reach it either
                     ):
                         self.error = e
                         return
@@ -451,6 +451,14 @@ class PSJob:
         """`command` then `collect`: one synchronous round."""
         r = self.command(op, **payload)
         return r, self.collect(r)
+
+    def _unreachable(self, error: BaseException) -> bool:
+        """Did the job fail because an executor cannot reach a PS that the driver reaches?
+        Then relaunching cannot help. If the driver cannot reach it either, the PS is down
+        (a coordinator or shard restarting), and the job is relaunched as for any failure."""
+        if unreachable_in(str(error)) is None:
+            return False
+        return reaches([self.ps.address, *self.ps.client.addresses])
 
     def _failed(self) -> Exception:
         """The error to raise for the worker job's failure: an executor that could not
