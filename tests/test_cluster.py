@@ -36,6 +36,7 @@ def cluster():
 def _result(done) -> dict:
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"no RESULT (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-6000:]}"
+    print(lines[-1])  # shown with -rP: where a slow run spent its time
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -43,32 +44,36 @@ def _workers(cluster: StandaloneCluster) -> set[str]:
     return {cluster.worker_address(w) for w in range(cluster.workers)}
 
 
+@pytest.fixture(scope="module")
+def fits(cluster) -> dict:
+    """One application: a fit with default settings, then one with spark.ps.host=127.0.0.1."""
+    job = [str(ROOT / "tests" / "cluster_fit.py"), "default", "127.0.0.1"]
+    return _result(cluster.submit(job, timeout=200))
+
+
 @pytest.mark.slow
-def test_default_embedded_ps_is_reached_by_executors_on_other_hosts(cluster):
+def test_default_embedded_ps_is_reached_by_executors_on_other_hosts(cluster, fits):
     """No spark.ps.* setting: the PS binds spark.driver.host, and the fit's workers, on
     executors in the Workers' namespaces, train on it."""
-    done = cluster.submit([str(ROOT / "tests" / "cluster_fit.py")], timeout=150)
-    r = _result(done)
+    r = fits["fits"]["default"]
     assert r["ok"], r
     assert r["address"].rsplit(":", 1)[0] == cluster.driver_host
-    assert set(cluster.task_hosts(r["app"])) == _workers(cluster)
+    assert set(cluster.task_hosts(fits["app"])) == _workers(cluster)
 
 
 @pytest.mark.slow
-def test_unreachable_ps_fails_the_fit_within_seconds_naming_address_and_settings(cluster):
+def test_unreachable_ps_fails_the_fit_within_seconds_naming_address_and_settings(cluster, fits):
     """spark.ps.host=127.0.0.1 on a cluster: each executor's loopback is its own, so the
     fit fails fast (one connect timeout, no relaunch, no 90 s of RPC retries) with an
     error that names the address tried and the settings to change."""
-    conf = {"spark.ps.host": "127.0.0.1"}
-    done = cluster.submit([str(ROOT / "tests" / "cluster_fit.py")], conf=conf, timeout=150)
-    r = _result(done)
+    r = fits["fits"]["127.0.0.1"]
     assert not r["ok"] and r["type"] == "PSUnreachable", r
     assert r["address"].startswith("127.0.0.1:")
     assert f"at {r['address']} from host " in r["error"]
     assert "spark.ps.host" in r["error"] and "spark.ps.address" in r["error"]
     # the executors' hosts, not the driver's, are where it was tried from
     assert any(f"from host {a}" in r["error"] for a in _workers(cluster)), r["error"]
-    assert r["seconds"] < 40, r  # a 10 s connect timeout and one Spark job, not minutes
+    assert r["seconds"] < 30, r  # a 10 s connect timeout and one Spark job, not minutes
 
 
 _FIT = re.compile(r"^spark-ps\s+fit .* final loss (\S+)\s+test AUC (\S+)", re.M)

@@ -77,3 +77,13 @@ def test_listening_address_passes_at_once():
         t0 = time.monotonic()
         check_reachable([f"127.0.0.1:{s.getsockname()[1]}"], timeout=5.0)
         assert time.monotonic() - t0 < 1.0
+
+
+def test_a_stale_shard_address_is_re_read_until_the_restarted_shard_answers():
+    """A shard that restarted on a new port: the probe re-reads the map and passes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        maps = iter([[f"127.0.0.1:{_closed_port()}"], [f"127.0.0.1:{s.getsockname()[1]}"]])
+        stale = next(maps)
+        check_reachable(stale, timeout=5.0, refresh=lambda: next(maps))
