@@ -10,6 +10,7 @@ example that forces its master never reaches the cluster at all.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import pytest
 from bench.standalone import StandaloneCluster, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "flights-3m.parquet"
+# where examples/flights_common.py looks: $SPARK_PS_DATA, else ../shared/data
+DATA = Path(os.environ.get("SPARK_PS_DATA") or ROOT.parent / "shared/data") / "flights-3m.parquet"
 
 pytestmark = [
     pytest.mark.cluster,
@@ -90,6 +92,7 @@ def test_flights_example_runs_on_the_cluster_and_matches_a_local_run(cluster):
     on_cluster = cluster.submit(args, timeout=240)
     assert on_cluster.returncode == 0, on_cluster.stderr[-6000:]
     assert f"Spark: {cluster.master_url} (" in on_cluster.stdout, on_cluster.stdout
+    assert f"PS: PSContext(embedded, address='{cluster.driver_host}:" in on_cluster.stdout
     app = re.search(r"Spark: \S+ \((app-[^)]+)\)", on_cluster.stdout).group(1)
     assert set(cluster.task_hosts(app)) == _workers(cluster)
     local = cluster.submit(args, master="local[2]", timeout=240)

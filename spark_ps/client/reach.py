@@ -6,8 +6,10 @@ executor on another host than an embedded PS bound to the driver's loopback spen
 minutes in ``GetShardMap`` before failing with gRPC's "failed to connect to all
 addresses". A process's first client of a PS (:func:`spark_ps.client.get_client`) probes
 the coordinator and every shard with plain TCP connects instead: a refusal or a timeout is
-retried for :func:`connect_timeout` seconds (a restarting server comes back within that),
-then :class:`PSUnreachable` names the address, this host, and the settings to change.
+retried for :func:`connect_timeout` seconds (re-reading the shard map: a restarted shard
+has a new port), then :class:`PSUnreachable` names the address, this host, and the
+settings to change. The driver relaunches a worker job that failed so only when it cannot
+reach the PS either (the PS is restarting, not out of the executors' reach).
 
 The probe is a TCP handshake only: it needs no token and speaks no TLS, so it tells
 "nothing listens there, or the network does not let us in" apart from the errors that
