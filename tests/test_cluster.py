@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_jvm_bridge import bridge_jar as _bridge_jar  # noqa: F401 - fixture: jar, rebuilt if stale
 
 from bench.standalone import StandaloneCluster, unavailable
 
@@ -76,6 +77,25 @@ def test_unreachable_ps_fails_the_fit_within_seconds_naming_address_and_settings
     # the executors' hosts, not the driver's, are where it was tried from
     assert any(f"from host {a}" in r["error"] for a in _workers(cluster)), r["error"]
     assert r["seconds"] < 30, r  # a 10 s connect timeout and one Spark job, not minutes
+
+
+@pytest.fixture(scope="module")
+def plugin_jar(request) -> Path:
+    """The bridge jar (test_jvm_bridge's fixture: rebuilt when older than its sources)."""
+    return request.getfixturevalue("_bridge_jar")
+
+
+@pytest.mark.slow
+def test_plugin_started_ps_is_reached_by_executors_on_other_hosts(cluster, plugin_jar):
+    """--conf spark.plugins=io.sparkps.bridge.PSPlugin alone on a cluster: the plugin starts
+    the embedded PS on spark.driver.host (not loopback) and the fit trains on it."""
+    conf = {"spark.plugins": "io.sparkps.bridge.PSPlugin"}
+    job = ["--jars", str(plugin_jar), str(ROOT / "tests" / "cluster_fit.py"), "default"]
+    r = _result(cluster.submit(job, conf=conf, timeout=200))
+    fit = r["fits"]["default"]
+    assert fit["ok"], fit
+    assert fit["address"].rsplit(":", 1)[0] == cluster.driver_host
+    assert set(cluster.task_hosts(r["app"])) == _workers(cluster)
 
 
 _FIT = re.compile(r"^spark-ps\s+fit .* final loss (\S+)\s+test AUC (\S+)", re.M)
