@@ -1,30 +1,29 @@
 """Online learning: FTRL-proximal LR on the PS, trained by a Structured Streaming query.
 
-The first 80% (in time) of the 3M US flights of 2001 are cut into time-ordered parquet
-files; a file-source stream reads one file per micro-batch and the learner scores each
-batch before learning from it (progressive validation), so the printed logloss is that of
-a model that has never seen the rows it scores. Features: the hashed fields and crosses of
-``examples/flights_lr.py`` as int64 keys in a 2^30 space (PS memory grows with the keys
-seen). The model is then tested on the last 20%.
+The flights of January to May 2001 are cut into time-ordered parquet files; a
+file-source stream reads one file per micro-batch and the learner scores each batch
+before learning from it (progressive validation), so the printed logloss is that of a
+model that has never seen the rows it scores. Features: the fields and crosses of
+``examples/flights_lr.py``, each hashed with xxhash64 into int64 keys of a 2^30 space (PS
+memory grows with the keys seen). The model is then tested on June.
 
     python examples/flights_online.py                    # 12 batches over 20% of the rows
     python examples/flights_online.py --fraction 1 --files 24 --compare   # + batch FTRL
+    spark-submit --master spark://host:7077 examples/flights_online.py
+
+The stream's files are written by the driver to a local temporary folder: on a cluster,
+give ``--work-dir`` a folder every executor reads at the same path (e.g. NFS).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.* (data, AUC)
-
-from bench.common import bench_session, model_auc  # noqa: E402
-from bench.datagen import flights_ctr  # noqa: E402
+from flights_common import flights, hashed_keys, roc_auc, session
 
 
 def write_time_ordered_files(train, directory: Path, files: int) -> int:
@@ -66,17 +65,20 @@ def main() -> None:
     p.add_argument("--l1", type=float, default=0.0)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--compare", action="store_true", help="also fit batch FTRL (one epoch)")
+    p.add_argument("--data", help="flights-3m.parquet (default: $SPARK_PS_DATA/...)")
+    p.add_argument("--work-dir", help="where the stream's files go (default: a temp dir)")
     args = p.parse_args()
 
-    spark = bench_session("4g", app="spark-ps flights online FTRL")
+    spark = session("spark-ps flights online FTRL")
     spark.sparkContext.setLogLevel("ERROR")
     from spark_ps import PSContext
     from spark_ps.ml.online import OnlineLogisticRegression
 
     ps = PSContext.getOrCreate(spark)
-    train, test = flights_ctr(spark, log2_dim=args.log2_dim, keys=True, fraction=args.fraction)
-    work = Path(tempfile.mkdtemp(prefix="flights-online-"))
-    (work / "stream").mkdir()
+    train, test = flights(spark, args.data, args.fraction)
+    train, test = hashed_keys(train, args.log2_dim), hashed_keys(test, args.log2_dim)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="flights-online-"))
+    (work / "stream").mkdir(parents=True, exist_ok=True)
     n = write_time_ordered_files(train, work / "stream", args.files)
     print(f"PS: {ps}\n{n:,} training rows in {args.files} time-ordered files under {work}")
 
@@ -100,7 +102,7 @@ def main() -> None:
     print(
         f"online FTRL: {secs:.1f} s for {args.files} batches; PS holds {fp['keys']:,} keys "
         f"({fp['nbytes'] / 2**20:.1f} MiB) of a 2^{args.log2_dim} space; "
-        f"test AUC {model_auc(learner.latestModel(), test):.4f}"
+        f"test AUC {roc_auc(learner.latestModel(), test):.4f}"
     )
     if args.compare:
         from spark_ps.ml.classification import LogisticRegression
@@ -117,7 +119,7 @@ def main() -> None:
         model = batch.fit(spark.read.parquet(str(work / "stream")))
         print(
             f"batch FTRL (1 epoch): {time.perf_counter() - t:.1f} s, "
-            f"test AUC {model_auc(model, test):.4f}"
+            f"test AUC {roc_auc(model, test):.4f}"
         )
     spark.stop()
 

@@ -1,9 +1,13 @@
 """PSContext: find or start the PS, and own its lifecycle.
 
-With no configuration, `PSContext.getOrCreate(spark)` starts an embedded PS on
-loopback (a coordinator plus one shard process per core, a random token) that
-stops with `ps.stop()`, with `SparkContext.stop()`, or when this process exits.
-With `spark.ps.address` set it connects to a running `spark-ps-server` instead.
+With no configuration, `PSContext.getOrCreate(spark)` starts an embedded PS (a
+coordinator plus one shard process per core, a random token) that stops with
+`ps.stop()`, with `SparkContext.stop()`, or when this process exits. It binds loopback
+with a local master, and `spark.driver.host` with a cluster master (``spark://``,
+``yarn``, ``k8s://``), so that executors on other hosts reach it; its address and token
+travel to them inside the fit's task closures. With `spark.ps.address` set it connects
+to a running `spark-ps-server` instead. An executor that cannot reach the PS fails the
+fit within seconds (``spark_ps.client.reach``), naming the address and these settings.
 
 Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 
@@ -11,7 +15,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.address``       ``host:port`` of a running service (default: embedded PS)
 ``spark.ps.token``         auth token of that service (env ``SPARK_PS_TOKEN`` too)
 ``spark.ps.numShards``     embedded shards (default: one per core)
-``spark.ps.host``          embedded bind address (default ``127.0.0.1``)
+``spark.ps.host``          embedded bind address (default ``127.0.0.1`` with a local
+                           master, ``spark.driver.host`` with a cluster master)
 ``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from;
                            fits checkpoint there every ``checkpointInterval`` iterations
 ``spark.ps.checkpointKeep`` sealed checkpoint versions kept (default 2; 0 keeps all)
@@ -40,7 +45,7 @@ import subprocess
 import sys
 import threading
 
-from ps_server.auth import new_token
+from ps_server.auth import is_loopback, new_token
 from ps_server.service import READY_PREFIX
 from ps_server.tls import read_pem
 from spark_ps.client import PSClient
@@ -49,9 +54,9 @@ __all__ = ["PSContext"]
 
 log = logging.getLogger("spark_ps.context")
 
+_LOOPBACK = "127.0.0.1"
 _DEFAULTS = {
     "numShards": str(os.cpu_count() or 1),
-    "host": "127.0.0.1",
     "checkpointDir": "",
     "checkpointKeep": "2",
     "replicas": "1",
@@ -85,6 +90,40 @@ def _context_kw(spark, conf: dict) -> dict:
         max_message_mb=float(_conf(spark, "maxMessageMB", conf)),
         tls_ca=read_pem(_conf(spark, "tls.ca", conf) or _conf(spark, "tls.cert", conf)),
     )
+
+
+def _is_local(master: str) -> bool:
+    """Does `master` run every executor on the driver's host (``local``, ``local[N]``,
+    ``local-cluster[...]``)?"""
+    return master.startswith("local")
+
+
+def _embedded_host(spark, conf: dict) -> str:
+    """Where an embedded PS binds: ``spark.ps.host`` if set; else, with a cluster master,
+    ``spark.driver.host`` (the address the executors already reach the driver at; Spark
+    sets it when the context starts); else loopback. A non-loopback bind is safe because
+    an embedded PS always has a token."""
+    host = _conf(spark, "host", conf)
+    master = spark.sparkContext.master if spark is not None else "local"
+    if host:
+        if not _is_local(master) and is_loopback(host):
+            log.warning(
+                "spark.ps.host=%s is a loopback address but the master is %s: executors on "
+                "other hosts cannot reach the embedded PS (unset spark.ps.host to bind "
+                "spark.driver.host)",
+                host,
+                master,
+            )
+        return host
+    if _is_local(master):
+        return _LOOPBACK
+    driver = spark.sparkContext.getConf().get("spark.driver.host", None)
+    if not driver:
+        raise ValueError(
+            f"master {master} runs executors on other hosts, but spark.driver.host is not "
+            "set: set spark.ps.host to an address of this host that the executors can reach"
+        )
+    return driver
 
 
 def _launch(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -207,7 +246,7 @@ class PSContext:
         replicas = _conf(spark, "replicas", conf)
         if replicas not in ("1", "2"):
             raise ValueError(f"spark.ps.replicas must be 1 or 2, got {replicas!r}")
-        host = _conf(spark, "host", conf)
+        host = _embedded_host(spark, conf)
         cmd = [
             sys.executable,
             "-m",

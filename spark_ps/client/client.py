@@ -33,6 +33,7 @@ from ps_server.replica import REQUEST_ID_KEY
 from ps_server.tls import open_channel
 from ps_server.waiting import DEADLINE_MARGIN_SECONDS, DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS
 from ps_server.wire import LIMIT_HINT, TOKEN_KEY, from_array, to_array
+from spark_ps.client.reach import check_reachable
 from spark_ps.client.spec import TensorSpec
 
 __all__ = ["PSClient", "PSError", "get_client"]
@@ -825,14 +826,29 @@ def _refuse_non_finite(spec: TensorSpec, keys: np.ndarray, values: np.ndarray) -
     )
 
 
+def _reread(client: PSClient) -> list[str]:
+    client.refresh()
+    return client.addresses
+
+
 def get_client(address: str, token: str = "", tls_ca: bytes | None = None) -> PSClient:
     """The cached client of this process for (address, token, CA): one channel set per worker.
 
     `tls_ca` (PEM bytes) switches the channels to TLS, verifying the servers against it.
+    A new client first probes the coordinator and then the shards (`check_reachable`):
+    a PS this process cannot reach fails in seconds with `PSUnreachable`, not after the
+    retries meant for a restarting server.
     """
     key = (address, token, tls_ca, os.getpid())
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(key)
         if client is None:
-            client = _CLIENTS[key] = PSClient(address, token, tls_ca=tls_ca)
+            check_reachable([address])
+            client = PSClient(address, token, tls_ca=tls_ca)
+            try:
+                check_reachable(client.addresses, refresh=lambda: _reread(client))
+            except BaseException:
+                client.close()
+                raise
+            _CLIENTS[key] = client
         return client

@@ -36,7 +36,8 @@ import pyarrow as pa
 
 from ps_server.lifecycle import keep_freed_memory
 from ps_server.waiting import MAX_WAIT_SECONDS
-from spark_ps.client import get_client
+from spark_ps.client import PSUnreachable, get_client
+from spark_ps.client.reach import reaches, unreachable_in
 from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
@@ -369,7 +370,12 @@ class PSJob:
                     self.result = self._df.collect()
                     return
                 except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                    if self._stopping or launch == launches or not _task_failed(e):
+                    if (
+                        self._stopping
+                        or launch == launches
+                        or not _task_failed(e)
+                        or self._unreachable(e)  # a relaunch cannot reach it either
+                    ):
                         self.error = e
                         return
                     why = str(e)[str(e).find(_BARRIER_ABORT) :][:400]
@@ -480,11 +486,26 @@ class PSJob:
         r = self.command(op, **payload)
         return r, self.collect(r)
 
+    def _unreachable(self, error: BaseException) -> bool:
+        """Did the job fail because an executor cannot reach a PS that the driver reaches?
+        Then relaunching cannot help. If the driver cannot reach it either, the PS is down
+        (a coordinator or shard restarting), and the job is relaunched as for any failure."""
+        if unreachable_in(str(error)) is None:
+            return False
+        return reaches([self.ps.address, *self.ps.client.addresses])
+
+    def _failed(self) -> Exception:
+        """The error to raise for the worker job's failure: an executor that could not
+        reach the PS is a `PSUnreachable` naming the address and the settings, not a
+        page of Spark stack traces."""
+        line = unreachable_in(str(self.error))
+        if line is not None:
+            return PSUnreachable(f"{line} (spark-ps {self.name}: the worker job failed)")
+        return RuntimeError(f"spark-ps {self.name}: the worker job failed: {self.error}")
+
     def _check(self) -> None:
         if self.error is not None:
-            raise RuntimeError(
-                f"spark-ps {self.name}: the worker job failed: {self.error}"
-            ) from self.error
+            raise self._failed() from self.error
         if self.result is not None:
             raise RuntimeError(f"spark-ps {self.name}: the worker job ended early")
 
@@ -493,9 +514,7 @@ class PSJob:
         self.command("stop")
         self._thread.join(timeout=120)
         if raise_errors and self.error is not None:
-            raise RuntimeError(
-                f"spark-ps {self.name}: the worker job failed: {self.error}"
-            ) from self.error
+            raise self._failed() from self.error
 
 
 def partitions_for(df, num_workers: int):

@@ -34,7 +34,8 @@ import org.slf4j.LoggerFactory;
  * <p>Driver side: uses {@code spark.ps.address} / {@code spark.ps.token} (token also from the
  * {@code SPARK_PS_TOKEN} environment variable); with no address and
  * {@code spark.ps.plugin.startEmbedded} (default true) it starts {@code python -m ps_server}
- * on loopback with a random token, writes both back into the live SparkConf (so that
+ * with a random token, bound to {@code spark.ps.host} (default: loopback with a local master,
+ * {@code spark.driver.host} with a cluster master), writes both back into the live SparkConf (so that
  * {@code PSContext.getOrCreate(spark)} in Python connects to it), and stops it when the
  * SparkContext stops. It registers an {@link ExecutorListener}, adds {@code SPARK_PS_ADDRESS}
  * and {@code SPARK_PS_TOKEN} to the executors' environment (so Python workers launched by
@@ -130,7 +131,7 @@ public class PSPlugin implements SparkPlugin {
             String python = pythonFor(conf);
             int shards = conf.getInt("spark.ps.numShards",
                 Math.max(1, Runtime.getRuntime().availableProcessors()));
-            String host = conf.get("spark.ps.host", "127.0.0.1");
+            String host = conf.get("spark.ps.host", defaultHost(conf));
             double timeout = conf.getDouble("spark.ps.startTimeout", 60.0);
             try {
                 return EmbeddedPS.start(python, host, shards, token, timeout, serviceArgs(conf));
@@ -139,6 +140,16 @@ public class PSPlugin implements SparkPlugin {
                     + python + " -m ps_server (set spark.ps.address to use a running one, or "
                     + "spark.ps.python to a Python that has spark-ps installed): " + e, e);
             }
+        }
+
+        /** Where an embedded PS binds without spark.ps.host: loopback with a local master
+         *  (every executor shares the driver's host), else spark.driver.host, where the
+         *  executors already reach the driver (the same rule as PSContext in Python). */
+        static String defaultHost(SparkConf conf) {
+            if (conf.get("spark.master", "local").startsWith("local")) {
+                return "127.0.0.1";
+            }
+            return conf.get("spark.driver.host", "127.0.0.1");
         }
 
         /** The spark.ps.* keys that shape the service, as {@code python -m ps_server} flags
