@@ -38,11 +38,40 @@ __all__ = [
     "latest_version",
     "restore_latest",
     "prune",
+    "check_under_roots",
 ]
 
 log = logging.getLogger("ps_server.checkpoint")
 _VERSION = re.compile(r"^v(\d{6,})$")
 _MODEL = re.compile(r"^m\d+\.")
+
+
+def _normalized(uri: str) -> str:
+    if "://" in uri:
+        return uri.rstrip("/")
+    return os.path.realpath(os.path.abspath(uri))
+
+
+def check_under_roots(uri: str, roots: list[str] | None, where: str) -> None:
+    """Refuse a checkpoint URI outside `roots` (None: any is allowed).
+
+    A checkpoint request names its URI over the network and the shard writes there with
+    its own credentials (any pyarrow filesystem), so a PS serving other hosts writes only
+    under the directories its operator gave it."""
+    if roots is None:
+        return
+    target = _normalized(uri)
+    for root in roots:
+        base = _normalized(root)
+        sep = "/" if "://" in base else os.sep
+        if target == base or target.startswith(base.rstrip(sep) + sep):
+            return
+    raise RequestError(
+        "PERMISSION_DENIED",
+        f"{where}: checkpoint URI {uri!r} is outside the allowed "
+        + (f"roots {roots}" if roots else "roots (none: this PS has no checkpoint directory)")
+        + "; start the service with --checkpoint-dir set to a directory that holds it",
+    )
 
 
 def _fs(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -225,7 +225,7 @@ class HostTable:
             self.slots[partition] = (
                 placement.Slot(slot.primary, host) if backup else placement.Slot(host, slot.backup)
             )
-            restore = "" if backup else self.checkpoint_dir
+            restore = self.checkpoint_dir  # a backup does not restore, but checkpoints there
             launch = _Launch(next(self._numbers), partition, role, host, restore)
             self.launches[launch.number] = launch
             self._prune()

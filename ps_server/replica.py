@@ -451,15 +451,27 @@ class Replica:
         return len(models)
 
     def describe(self) -> pb.DigestResponse:
+        """Role, counters and the state's digest. Mutations wait only while the state is
+        copied; the hash (the slow part) runs with no lock held."""
         with self.lock:
-            return pb.DigestResponse(
-                digest=digest(self.servicer.models),
+            arrays = digest_arrays(self.servicer.models)
+            answer = pb.DigestResponse(
                 role=self.role,
                 applied=self.applied,
                 backup=self.backup,
                 apply_seconds=self.apply_seconds,
                 forward_seconds=self.forward_seconds,
             )
+        answer.digest = digest({}, arrays)
+        return answer
+
+
+def digest_arrays(models: dict) -> dict:
+    """What `digest` hashes, copied at one instant (model arrays) or shared (contributions
+    are never changed in place)."""
+    arrays = checkpoint.model_arrays(models)
+    arrays.update(_contribution_arrays(models))
+    return arrays
 
 
 def _forward(method: str, request: Message, rid: str) -> pb.ReplicateRequest:
@@ -530,11 +542,11 @@ def restore_snapshot(source) -> tuple[dict, OrderedDict]:
     return models, answers
 
 
-def digest(models: dict) -> str:
-    """sha256 of every model's spec, state and pending contributions (replica comparison)."""
+def digest(models: dict, arrays: dict | None = None) -> str:
+    """sha256 of every model's spec, state and pending contributions (replica comparison);
+    `arrays`: those already taken (`digest_arrays`), hashed with no lock held."""
     h = hashlib.sha256()
-    arrays = checkpoint.model_arrays(models)
-    arrays.update(_contribution_arrays(models))
+    arrays = digest_arrays(models) if arrays is None else arrays
     for key in sorted(arrays):
         h.update(key.encode())
         h.update(np.ascontiguousarray(arrays[key]).tobytes())

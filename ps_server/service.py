@@ -141,7 +141,7 @@ class Service:
             "--memory-mb",
             str(self.shard_memory_mb),
         ]
-        if self.checkpoint_dir and role != "backup":
+        if self.checkpoint_dir:  # a backup does not restore, but checkpoints there if promoted
             cmd += ["--restore", self.checkpoint_dir]
         env = dict(os.environ, SPARK_PS_TOKEN=self.token)
         for var in _BLAS_THREAD_VARS:  # unless the operator chose otherwise

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 
 from ps_server import checkpoint, lifecycle, tls
-from ps_server.auth import TokenInterceptor
+from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.cut import Cut
 from ps_server.direct import DirectServer
 from ps_server.proto import ps_pb2 as pb
@@ -116,6 +116,8 @@ class ShardServicer(pb_grpc.ShardServicer):
         self.memory = ShardMemory(index, memory_budget, lambda: self.models)
         self._lock = threading.Lock()
         self.cut = Cut()  # mutations share it; a checkpoint's copy excludes them
+        #: Where Checkpoint/Restore may write/read (None: anywhere; see main())
+        self.checkpoint_roots: list[str] | None = None
         self.replica: Replica | None = None  # set when the service runs with --replicas 2
         self.direct: DirectServer | None = None  # the direct lane (see serve_shard)
 
@@ -248,6 +250,7 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     @_replicated(_never)
     def Checkpoint(self, request, context):
+        checkpoint.check_under_roots(request.uri, self.checkpoint_roots, f"shard {self.index}")
         with self.cut.exclusive(CUT_TIMEOUT, f"shard {self.index}: checkpoint"):
             with self._lock:
                 models = dict(self.models)
@@ -258,6 +261,7 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     @_replicated()
     def Restore(self, request, context):
+        checkpoint.check_under_roots(request.uri, self.checkpoint_roots, f"shard {self.index}")
         models = checkpoint.load_shard(request.uri, request.version, self.index)
         if request.prefix:
             models = {n: t for n, t in models.items() if n.startswith(request.prefix)}
@@ -409,13 +413,27 @@ def serve_shard(
     return server, bound, servicer
 
 
+def checkpoint_roots(host: str, checkpoint_dir: str) -> list[str] | None:
+    """Where a shard bound to `host` may checkpoint: anywhere on loopback (an embedded PS,
+    its own user's), else only under the service's checkpoint directory (none without
+    one): the URI comes from the network and the shard writes with its own credentials."""
+    if is_loopback(host):
+        return None
+    return [checkpoint_dir] if checkpoint_dir else []
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="One spark-ps shard (started by spark-ps-server).")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--coordinator", required=True, help="host:port of the coordinator")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--restore", default="", help="checkpoint directory to restore from")
+    p.add_argument(
+        "--restore",
+        default="",
+        help="the checkpoint directory: a primary restores from it, and a shard serving other "
+        "hosts (not bound to loopback) checkpoints only under it",
+    )
     p.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_MB)
     p.add_argument("--memory-mb", type=float, default=0, help="shard memory budget (0 = none)")
     p.add_argument(
@@ -439,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         max_request_bytes=int(args.max_request_mb * (1 << 20)),
         memory_budget=int(args.memory_mb * (1 << 20)),
     )
+    servicer.checkpoint_roots = checkpoint_roots(args.host, args.restore)
     if args.role != "solo":
         limit = int(args.max_request_mb * (1 << 20))
         servicer.replica = Replica(servicer, args.role, args.coordinator, token, limit)
