@@ -266,8 +266,19 @@ def service(
             _stop(procs)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every process, then SIGKILL those still running 10 s later."""
+def _stop(procs: list[subprocess.Popen], grace: float = 8.0) -> None:
+    """SIGTERM the coordinator (`procs[0]`) and let the hosts hear it at their next
+    heartbeat and stop their shards; SIGTERM what is left after `grace` seconds, SIGKILL
+    what is left 10 s later. Not all at once: a coordinator whose hosts vanished first
+    waits out their lease (10 s) before it exits."""
+    deadline = time.monotonic() + grace
+    if procs and procs[0].poll() is None:
+        procs[0].terminate()
+    for p in procs[1:]:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
     for p in procs:
         if p.poll() is None:
             p.terminate()
