@@ -221,12 +221,12 @@ def run_hosts(n: int, args: argparse.Namespace, spark, df, uncapped: bool) -> li
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """`vs 1 host`: capped push and pull throughput over the first capped row's."""
+    """`vs 1 host`: capped push and pull throughput over 1 capped host's (n/a without)."""
     capped = [r for r in rows if r["link cap"] != "none"]
+    base = next((r for r in capped if r["hosts"] == 1), None)
     for r in capped:
-        base = capped[0]
-        r["push vs 1st"] = r["push MB/s"] / base["push MB/s"]
-        r["pull vs 1st"] = r["pull MB/s"] / base["pull MB/s"]
+        for op in ("push", "pull"):
+            r[f"{op} vs 1 host"] = r[f"{op} MB/s"] / base[f"{op} MB/s"] if base else None
 
 
 COLUMNS = [
@@ -234,8 +234,8 @@ COLUMNS = [
     "link cap",
     "push MB/s",
     "pull MB/s",
-    "push vs 1st",
-    "pull vs 1st",
+    "push vs 1 host",
+    "pull vs 1 host",
     "push Mkeys/s",
     "pull Mkeys/s",
     "push link use",

@@ -45,6 +45,7 @@ def test_the_hosts_bench_prints_positive_figures_for_1_and_2_hosts():
         assert float(r["LR s/iter"]) > 0, r
         assert float(r["push MB/s"]) < 2 * int(r["hosts"]) * rate_mb("100mbit"), r  # capped
     assert rows[2]["partitions per host"] == "1/1"  # the model spans both hosts
+    assert float(rows[2]["push vs 1 host"]) > 1.2  # two capped links carry more than one
 
 
 def test_rates_are_read_as_tc_writes_them():
