@@ -13,18 +13,31 @@ Used by the multi-host tests and ``bench/hosts.py``::
         p = hosts.popen(0, ["python", "-m", "ps_server", ...])
         hosts.address(0)          # "10.213.x.10"
         hosts.kill_host(0)        # SIGKILL every process of that host
+
+    with Hosts(3) as hosts, service(hosts, logs, token) as svc:
+        PSClient(svc.address, token)   # a coordinator on the bridge, shards on every host
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["Hosts", "unavailable"]
+from ps_server.lifecycle import stop_processes
+
+__all__ = ["Hosts", "Service", "service", "unavailable"]
+
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def unavailable() -> str:
@@ -174,3 +187,98 @@ class Hosts:
         if self._bridge_made:
             _ip("link", "del", self.bridge, check=False)
             self._bridge_made = False
+
+
+# ---------------------------------------------------------------------- the PS on hosts
+@dataclass
+class Service:
+    """A PS service across hosts: its coordinator's address and each host's supervisor."""
+
+    hosts: Hosts
+    address: str
+    supervisors: list[subprocess.Popen]
+    logs: Path
+
+
+def _lines(stream) -> queue.Queue:
+    """The lines of `stream`, read by a daemon thread (so waits can time out)."""
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            q.put(line.strip())
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q
+
+
+def _expect(lines: queue.Queue, prefix: str, timeout: float, logs: Path) -> str:
+    """The rest of the coordinator's first line starting with `prefix`; its log if none."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line.startswith(prefix):
+            return line[len(prefix) :]
+    log = (logs / "coordinator.log").read_text()[-3000:]
+    raise RuntimeError(f"coordinator printed no {prefix!r} within {timeout}s:\n{log}")
+
+
+@contextmanager
+def service(
+    hosts: Hosts,
+    logs: Path,
+    token: str,
+    *,
+    shards: int = 2,
+    coordinator_args: Sequence[str] = (),
+    common_args: Sequence[str] = (),
+    ready_timeout: float = 60.0,
+) -> Iterator[Service]:
+    """`spark-ps-server coordinator` on the bridge address (the root namespace) and one
+    `spark-ps-server shards --join` with `shards` slots on every host, once all have joined.
+
+    `common_args` go to every command (TLS flags); logs are ``coordinator.log`` and
+    ``host<i>.log`` in `logs`. Every process is stopped on exit, also when the body fails:
+    the tests and ``bench/hosts.py`` start the service across hosts the same way.
+    """
+    env = dict(os.environ, SPARK_PS_TOKEN=token)
+    ps = [sys.executable, "-m", "ps_server"]
+    procs: list[subprocess.Popen] = []
+    with ExitStack() as files:
+        try:
+            log = files.enter_context(open(logs / "coordinator.log", "w"))
+            cmd = [*ps, "coordinator", "--host", hosts.bridge_address, "--min-hosts",
+                   str(len(hosts)), *coordinator_args, *common_args]  # fmt: skip
+            out = subprocess.PIPE
+            kw = dict(stderr=log, text=True, env=env, cwd=_ROOT, stdin=subprocess.DEVNULL)
+            procs.append(subprocess.Popen(cmd, stdout=out, **kw))
+            lines = _lines(procs[0].stdout)
+            address = _expect(lines, "SPARK_PS_LISTENING ", 30, logs)
+            for i in range(len(hosts)):
+                log = files.enter_context(open(logs / f"host{i}.log", "w"))
+                cmd = [*ps, "shards", "--join", address, "--host", hosts.address(i),
+                       "--shards", str(shards), *common_args]  # fmt: skip
+                procs.append(hosts.popen(i, cmd, stderr=log, env=env, cwd=_ROOT))
+            _expect(lines, "SPARK_PS_READY ", ready_timeout, logs)
+            yield Service(hosts, address, procs[1:], logs)
+        finally:
+            _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 8.0) -> None:
+    """SIGTERM the coordinator (`procs[0]`) and let the hosts hear it at their next
+    heartbeat and stop their shards; SIGTERM what is left after `grace` seconds, SIGKILL
+    what is left 10 s later. Not all at once: a coordinator whose hosts vanished first
+    waits out their lease (10 s) before it exits."""
+    deadline = time.monotonic() + grace
+    if procs and procs[0].poll() is None:
+        procs[0].terminate()
+    for p in procs[1:]:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
+    stop_processes(procs, grace=10)

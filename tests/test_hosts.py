@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import signal
 import subprocess
@@ -26,10 +25,9 @@ import grpc
 import numpy as np
 import pytest
 
-from bench.netns import Hosts, unavailable
+from bench.netns import Hosts, service, unavailable
 from ps_server.host_service import HostService
 from ps_server.host_supervisor import HostSupervisor
-from ps_server.lifecycle import stop_processes
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
@@ -76,73 +74,27 @@ def _env() -> dict:
     return dict(os.environ, SPARK_PS_TOKEN=TOKEN)
 
 
-def _lines(stream) -> queue.Queue:
-    """The lines of `stream`, read by a daemon thread (so waits can time out)."""
-    q: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in stream:
-            q.put(line.strip())
-
-    threading.Thread(target=pump, daemon=True).start()
-    return q
-
-
-def _expect(lines: queue.Queue, prefix: str, timeout: float, logs: Path) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        if line.startswith(prefix):
-            return line[len(prefix) :]
-    log = (logs / "coordinator.log").read_text()[-3000:]
-    raise AssertionError(f"coordinator printed no {prefix!r} within {timeout}s:\n{log}")
-
-
 @contextmanager
 def _cluster(
     tmp_path: Path, n: int, replicas: int, *extra: str, tls: bool = False
 ) -> Iterator[Cluster]:
     """`n` hosts with 2 shard slots each (2n partitions) and their coordinator."""
-    procs: list[subprocess.Popen] = []
-    files = []
     with Hosts(n) as hosts:
         ips = [hosts.bridge_address, *map(hosts.address, range(n))]
         tls_args = _certificate(tmp_path, ips) if tls else []
-        try:
-            log = open(tmp_path / "coordinator.log", "w")  # noqa: SIM115 - closed below
-            files.append(log)
-            coordinator = subprocess.Popen(
-                [sys.executable, "-m", "ps_server", "coordinator", "--host",
-                 hosts.bridge_address, "--replicas", str(replicas), "--min-hosts", str(n),
-                 "--host-timeout", str(LEASE), *tls_args, *extra],
-                stdout=subprocess.PIPE, stderr=log, text=True, env=_env(), cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-            procs.append(coordinator)
-            lines = _lines(coordinator.stdout)
-            address = _expect(lines, "SPARK_PS_LISTENING ", 30, tmp_path)
-            for i in range(n):
-                files.append(open(tmp_path / f"host{i}.log", "w"))  # noqa: SIM115
-                cmd = [sys.executable, "-m", "ps_server", "shards", "--join", address,
-                       "--host", hosts.address(i), "--shards", "2", *tls_args]  # fmt: skip
-                procs.append(hosts.popen(i, cmd, stderr=files[-1], env=_env(), cwd=ROOT))
-            _expect(lines, "SPARK_PS_READY ", 60, tmp_path)
+        coordinator_args = ["--replicas", str(replicas), "--host-timeout", str(LEASE), *extra]
+        with service(
+            hosts, tmp_path, TOKEN, coordinator_args=coordinator_args, common_args=tls_args
+        ) as svc:
             ca = Path(tls_args[1]).read_bytes() if tls else None
-            client = PSClient(address, TOKEN, retry_seconds=60, timeout=30, tls_ca=ca)
+            client = PSClient(svc.address, TOKEN, retry_seconds=60, timeout=30, tls_ca=ca)
             try:
-                yield Cluster(hosts, address, client, tmp_path, procs[1:], tls_args)
+                yield Cluster(hosts, svc.address, client, tmp_path, svc.supervisors, tls_args)
             except BaseException:
                 _print_logs(tmp_path)  # shown with the failure
                 raise
             finally:
                 client.close()
-        finally:
-            stop_processes(procs, grace=10)
-            for f in files:
-                f.close()
 
 
 def _print_logs(d: Path) -> None:
