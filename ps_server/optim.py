@@ -21,6 +21,7 @@ __all__ = [
     "Momentum",
     "AdaGrad",
     "Adam",
+    "AdamW",
     "FTRL",
     "ftrl_weights",
     "ftrl_accumulate",
@@ -195,6 +196,25 @@ class Adam(Optimizer):
         w[rows] = w[rows] - self.params["lr"] * m_hat / (np.sqrt(v_hat) + self.params["eps"])
 
 
+class AdamW(Adam):
+    """Lazy Adam with decoupled weight decay, as MLlib's ``AdamWUpdater`` (FM's adamW solver).
+
+    ``w -= lr * m_hat / (sqrt(v_hat) + eps) + weight_decay * w``: the decay is not scaled by
+    ``lr`` (MLlib's form). Moments and the step count are per row, as in :class:`Adam`, so a
+    row's state changes only when the row is pushed.
+    """
+
+    name = "adamw"
+    defaults = {"lr": None, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+    checks = {"lr": _positive, "beta1": _unit, "beta2": _unit, "eps": _positive}
+
+    def _update(self, store: Store, rows: np.ndarray, g: np.ndarray) -> None:
+        w_old = store.slot("w")[rows].astype(np.float64)
+        super()._update(store, rows, g)
+        w = store.slot("w")
+        w[rows] = w[rows] - self.params["weight_decay"] * w_old
+
+
 def ftrl_weights(
     z: np.ndarray, n: np.ndarray, alpha: float, beta: float, l1: float, l2: float
 ) -> np.ndarray:
@@ -234,7 +254,7 @@ class FTRL(Optimizer):
 
 
 _CLASSES: dict[str, type[Optimizer]] = {
-    cls.name: cls for cls in (SGD, Momentum, AdaGrad, Adam, FTRL)
+    cls.name: cls for cls in (SGD, Momentum, AdaGrad, Adam, AdamW, FTRL)
 }
 OPTIMIZERS: tuple[str, ...] = tuple(_CLASSES)
 

@@ -203,7 +203,7 @@ def test_param_validation(name, params, match):
 
 
 def test_registry_and_attach_is_idempotent():
-    assert OPTIMIZERS == ("sgd", "momentum", "adagrad", "adam", "ftrl")
+    assert OPTIMIZERS == ("sgd", "momentum", "adagrad", "adam", "adamw", "ftrl")
     store = DenseStore(3, 1, 0, "f8")
     opt = make_optimizer("adagrad", {"lr": 1.0, "initial_accumulator": 2.0})
     opt.attach(store)

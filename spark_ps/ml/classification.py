@@ -4,6 +4,8 @@ Change ``from pyspark.ml.classification import LogisticRegression`` to
 ``from spark_ps.ml.classification import LogisticRegression``; nothing else changes.
 """
 
+from spark_ps.ml.fm.estimator import FMClassifier
+from spark_ps.ml.fm.model import FMClassificationModel
 from spark_ps.ml.gbt import distributed as _gbt  # noqa: F401 - registers the GBT trainer
 from spark_ps.ml.gbt.estimator import GBTClassifier
 from spark_ps.ml.gbt.model import GBTClassificationModel
@@ -17,6 +19,8 @@ from spark_ps.ml.lr.summary import (
 )
 
 __all__ = [
+    "FMClassifier",
+    "FMClassificationModel",
     "GBTClassifier",
     "GBTClassificationModel",
     "LogisticRegression",

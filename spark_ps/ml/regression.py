@@ -1,7 +1,9 @@
 """Drop-in replacements for `pyspark.ml.regression`, trained on the parameter server."""
 
+from spark_ps.ml.fm.estimator import FMRegressor
+from spark_ps.ml.fm.model import FMRegressionModel
 from spark_ps.ml.gbt import distributed as _gbt  # noqa: F401 - registers the GBT trainer
 from spark_ps.ml.gbt.estimator import GBTRegressor
 from spark_ps.ml.gbt.model import GBTRegressionModel
 
-__all__ = ["GBTRegressor", "GBTRegressionModel"]
+__all__ = ["FMRegressor", "FMRegressionModel", "GBTRegressor", "GBTRegressionModel"]
