@@ -11,6 +11,8 @@ functions of sums of ~10^3 terms, each rounding at ~1e-16).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from pyspark.ml import classification as mc
@@ -276,3 +278,59 @@ def test_worker_function_loads_without_pyspark_ml(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"the FM worker imported {out.stdout}"
+
+
+def _shard_rss(ps) -> int:
+    import psutil
+
+    return sum(psutil.Process(h.pid).memory_info().rss for h in ps.client.health())
+
+
+def test_two_to_the_24_features_by_8_factors_hold_only_touched_rows(spark_ps):
+    """A dense 2^24 x 8 float64 table is 1 GiB (3 GiB with AdamW's moments); the PS holds
+    the rows the data touches, ~30k here, so the shards grow by a few MB."""
+    spark, ps = spark_ps
+    dim, rng = 2**24, np.random.default_rng(24)
+    keys = np.sort(rng.choice(dim, size=(3000, 10)), axis=1)
+    rows = [
+        (float(i % 2), Vectors.sparse(dim, np.unique(k).tolist(), [1.0] * np.unique(k).size))
+        for i, k in enumerate(keys)
+    ]
+    df = spark.createDataFrame(rows, ["label", "features"]).repartition(2)
+    rss0 = _shard_rss(ps)
+    t0 = time.perf_counter()
+    model = FMClassifier(maxIter=3, factorSize=8, stepSize=0.01, seed=1).fit(df)
+    print(f"2^24 x 8 fit: {time.perf_counter() - t0:.1f}s")
+    grown = _shard_rss(ps) - rss0
+    touched = np.unique(keys).size
+    assert model.numFeatures == dim
+    assert model.factorKeys.size == touched
+    assert model._rows_held == 2 * touched + 1  # factor rows, linear rows, the intercept
+    assert grown < 150 << 20, f"the shards grew by {grown >> 20} MiB"
+    pred = model.transform(df.limit(50)).select("probability").toArrow()
+    assert pred.num_rows == 50
+
+
+def test_pysparks_docstring_example_gives_mllibs_numbers(spark_ps):
+    """pyspark's FMClassifier example: one feature, so no pair of features and the factors
+    cannot reach a prediction; linear weights and intercept start at 0 in both, so the
+    100 adamW steps are the same and so are the printed numbers (22.13...)."""
+    spark, _ = spark_ps
+    df = spark.createDataFrame(
+        [(1.0, Vectors.dense(1.0)), (0.0, Vectors.sparse(1, [], []))], ["label", "features"]
+    )
+    test0 = spark.createDataFrame(
+        [(Vectors.dense(x),) for x in (-1.0, 0.5, 1.0, 2.0)], ["features"]
+    )
+    ours = FMClassifier(factorSize=2).setSeed(11).fit(df)
+    theirs = mc.FMClassifier(factorSize=2).setSeed(11).fit(df)
+    assert ours.getMaxIter() == 100
+    x = test0.head().features
+    np.testing.assert_allclose(ours.predictRaw(x).toArray(), [22.13, -22.13], rtol=1e-3)
+    np.testing.assert_allclose(ours.predictRaw(x), theirs.predictRaw(x), rtol=1e-9)
+    np.testing.assert_allclose(
+        ours.predictProbability(x), theirs.predictProbability(x), rtol=1e-9, atol=1e-300
+    )
+    np.testing.assert_allclose(ours.intercept, theirs.intercept, rtol=1e-9)
+    np.testing.assert_allclose(ours.linear.toArray(), theirs.linear.toArray(), rtol=1e-9)
+    assert ours.factors.numRows == 1 and ours.factors.numCols == 2

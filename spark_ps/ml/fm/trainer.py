@@ -143,6 +143,7 @@ def _iterate(job, ps, factors, linear, nf: int, params: dict, loss: str) -> tupl
         factors=factors.name,
         linear=linear.name,
         num_features=nf,
+        factor_size=int(params["factorSize"]),
         fit_linear=bool(params["fitLinear"]),
         fit_intercept=bool(params["fitIntercept"]),
         loss=loss,

@@ -98,7 +98,7 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         return
     nf, fit_linear, fit_intercept = cmd["num_features"], cmd["fit_linear"], cmd["fit_intercept"]
     factors, linear = ctx.tensor(cmd["factors"]), ctx.tensor(cmd["linear"])
-    v = np.asarray(factors.pull(gkeys), dtype=np.float64).reshape(m, -1)
+    v = np.asarray(factors.pull(gkeys), dtype=np.float64).reshape(m, cmd["factor_size"])
     lin_keys = np.append(gkeys, nf) if fit_linear else np.array([nf], dtype=np.int64)
     lin = np.asarray(linear.pull(lin_keys), dtype=np.float64).reshape(-1)
     w = lin[:m] if fit_linear else None
