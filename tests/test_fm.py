@@ -81,6 +81,13 @@ def test_classifier_steps_are_mllibs_from_the_same_start(spark_ps, solver, reg):
         got.objectiveHistory, want.summary().objectiveHistory, rtol=1e-9, atol=0
     )
     assert len(got.objectiveHistory) == 9  # maxIter + 1, as MLlib 4.3 (see trainer)
+    ours, theirs = got.summary(), want.summary()
+    assert isinstance(ours, mc.FMClassificationTrainingSummary)
+    np.testing.assert_allclose(ours.objectiveHistory, theirs.objectiveHistory, rtol=1e-9)
+    assert ours.totalIterations == theirs.totalIterations
+    for metric in ("areaUnderROC", "accuracy", "weightedPrecision"):
+        np.testing.assert_allclose(getattr(ours, metric), getattr(theirs, metric), rtol=1e-9)
+    np.testing.assert_allclose(got.evaluate(df).areaUnderROC, ours.areaUnderROC, rtol=1e-12)
     # the steps moved the model far beyond the tolerance
     assert np.abs(_factors(want) - init).max() > 1e-3
     assert abs(want.intercept) > 1e-3

@@ -53,7 +53,10 @@ class _FMEstimator(_FactorizationMachinesParams):
         )
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
         result = train_fm(prepared, params, self._loss, self._initial_factors)
-        return self._make_model(result)
+        model = self._make_model(result)
+        if isinstance(model, FMClassificationModel):
+            model._training = dataset  # the training summary is built on first use
+        return model
 
     def _make_model(self, r: FMResult):
         model = self._model_class()

@@ -13,12 +13,15 @@ of the batch's keys looked up by binary search, never a dense table.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from pyspark.ml import classification as _mllib
 from pyspark.ml.classification import _ProbabilisticClassifierParams
 from pyspark.ml.linalg import DenseMatrix, DenseVector, SparseVector, Vector
+from pyspark.sql import DataFrame
 
 from ps_server.storage import init_values
 from spark_ps.data import CSRBatch
@@ -26,7 +29,14 @@ from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowRegressionScor
 from spark_ps.ml.fm.params import _FactorizationMachinesParams
 from spark_ps.ml.fm.worker import fm_forward
 
-__all__ = ["FMClassificationModel", "FMRegressionModel", "FMState", "DENSE_EXPORT_MAX"]
+__all__ = [
+    "FMClassificationModel",
+    "FMRegressionModel",
+    "FMClassificationSummary",
+    "FMClassificationTrainingSummary",
+    "FMState",
+    "DENSE_EXPORT_MAX",
+]
 
 #: Largest numFeatures * factorSize that ``factors`` / ``toMLlib`` build densely (2 GiB of
 #: float64); MLlib's models hold the factors as one dense matrix.
@@ -207,6 +217,29 @@ _MLLIB_NAMES = (
 )  # fmt: skip
 
 
+class FMClassificationSummary(_mllib.FMClassificationSummary):
+    """FM classifier results on a dataset: MLlib's binary metrics (``areaUnderROC``, ``roc``,
+    ``accuracy``, ...) computed on the JVM by MLlib's own summary over our predictions."""
+
+
+class FMClassificationTrainingSummary(
+    FMClassificationSummary, _mllib.FMClassificationTrainingSummary
+):
+    """FM classifier training results: MLlib's metrics plus our optimizer trace."""
+
+    _objective_history: list[float]
+
+    @property
+    def objectiveHistory(self) -> list[float]:
+        """Objective (mean loss + 0.5 regParam ||w||^2) at each iteration, initial first."""
+        return list(self._objective_history)
+
+    @property
+    def totalIterations(self) -> int:
+        """Number of training iterations (MLlib's count: len(objectiveHistory) - 1)."""
+        return max(len(self._objective_history) - 1, 0)
+
+
 class FMClassificationModel(
     _FMModel,
     ArrowScoring,
@@ -229,6 +262,49 @@ class FMClassificationModel(
     @property
     def numClasses(self) -> int:
         return 2
+
+    @property
+    def hasSummary(self) -> bool:
+        """Whether a training summary exists for this model instance."""
+        return getattr(self, "_training", None) is not None
+
+    def summary(self) -> FMClassificationTrainingSummary:
+        """Summary of the model on its training set (a method, as pyspark's FM model)."""
+        if not self.hasSummary:
+            raise RuntimeError(f"No training summary available for this {type(self).__name__}")
+        return self._make_summary(self._training, self._objective_history)
+
+    def evaluate(self, dataset: DataFrame) -> FMClassificationSummary:
+        """Evaluates the model on a test dataset (MLlib's metrics)."""
+        if not isinstance(dataset, DataFrame):
+            raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
+        return self._make_summary(dataset, None)
+
+    def _make_summary(self, dataset: DataFrame, history: list[float] | None):
+        from spark_ps import _jvm
+
+        model = self
+        for param, prefix in (
+            (self.probabilityCol, "probability_"),
+            (self.predictionCol, "prediction_"),
+        ):
+            if not model.getOrDefault(param):  # MLlib's findSummaryModel
+                model = model.copy() if model is self else model
+                model._set(**{param.name: prefix + uuid.uuid4().hex[:12]})
+        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) else "weightCol"
+        java = _jvm.binary_lr_summary(
+            model.transform(dataset),
+            model.getProbabilityCol(),
+            model.getPredictionCol(),
+            self.getLabelCol(),
+            self.getFeaturesCol(),
+            weight_col,
+        )
+        if history is None:
+            return FMClassificationSummary(java)
+        summary = FMClassificationTrainingSummary(java)
+        summary._objective_history = [float(v) for v in history]
+        return summary
 
     @staticmethod
     def _margins(state: FMState, csr: CSRBatch) -> np.ndarray:
