@@ -293,6 +293,7 @@ def _shard_rss(ps) -> int:
     return sum(psutil.Process(h.pid).memory_info().rss for h in ps.client.health())
 
 
+@pytest.mark.slow  # ~10 s warm, ~40 s in a cold session
 def test_two_to_the_24_features_by_8_factors_hold_only_touched_rows(spark_ps):
     """A dense 2^24 x 8 float64 table is 1 GiB (3 GiB with AdamW's moments); the PS holds
     the rows the data touches, ~30k here, so the shards grow by a few MB."""
@@ -318,6 +319,7 @@ def test_two_to_the_24_features_by_8_factors_hold_only_touched_rows(spark_ps):
     assert pred.num_rows == 50
 
 
+@pytest.mark.slow  # 100 iterations, ours and MLlib's
 def test_pysparks_docstring_example_gives_mllibs_numbers(spark_ps):
     """pyspark's FMClassifier example: one feature, so no pair of features and the factors
     cannot reach a prediction; linear weights and intercept start at 0 in both, so the

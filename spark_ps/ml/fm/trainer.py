@@ -5,14 +5,16 @@ One barrier worker job runs the whole fit (:class:`spark_ps.ml._job.PSJob`). Eac
 of the keys its sample touches (unique keys, rows created on first pull), and pushes its
 gradient sums as the exactly-once contribution of the round; then ``fm.step`` runs on every
 shard (:mod:`ps_server.functions.fm`): the mean gradient, MLlib's ``gd`` or ``adamW`` update,
-applied beside the rows. The driver sees a loss sum, a row count and four sums of squares
+applied beside the rows. The driver sees a loss sum, a row count and three sums of squares
 per iteration, never a parameter.
 
 As MLlib's ``GradientDescent``: the objective history holds ``lossSum / miniBatchSize +
 regVal`` (regVal = 0.5 regParam ||w||^2 before the step), an empty sample skips the
-iteration, and from the second step on the fit stops when ``||w_i - w_{i-1}|| <
-tol * max(||w_i||, 1)``. The step is lazy: rows a mini-batch does not touch stay as they are,
-and the norms run over the rows the PS holds. With ``miniBatchFraction=1`` and every
+iteration, from the second step on the fit stops when ``||w_i - w_{i-1}|| <
+tol * max(||w_i||, 1)``, and a fit that runs all maxIter steps ends with one pass that only
+measures the objective (maxIter + 1 history values, as MLlib 4.3). The step is lazy:
+rows a mini-batch does not touch stay as they are, and the norms run over the rows the PS
+holds. With ``miniBatchFraction=1`` and every
 feature present in the data this is MLlib's iteration exactly; otherwise features outside
 a mini-batch keep their weights (MLlib decays them and moves them by the AdamW momentum).
 """
