@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -103,8 +104,10 @@ def _child(impl: str, log2_dim: int, args) -> dict:
             **row,
             "status": f"killed ({reason}: > {args.mem_limit_gb} GiB or > {args.timeout}s)",
         }
-    err = [ln for ln in out.splitlines() if "Error" in ln or "Exception" in ln][:1]
-    why = err[0][:120] if err else f"exit {code}"
+    java = re.findall(r"java\.lang\.\w+(?:Error|Exception)[^\n]{0,80}", out)
+    oom = [j for j in java if "OutOfMemoryError" in j]
+    err = [ln for ln in out.splitlines() if "Error" in ln or "Exception" in ln]
+    why = (oom or java or err or [f"exit {code}"])[0].strip()[:120]
     return {**row, "status": f"failed: {why}"}
 
 
