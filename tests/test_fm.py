@@ -343,3 +343,44 @@ def test_pysparks_docstring_example_gives_mllibs_numbers(spark_ps):
     np.testing.assert_allclose(ours.intercept, theirs.intercept, rtol=1e-9)
     np.testing.assert_allclose(ours.linear.toArray(), theirs.linear.toArray(), rtol=1e-9)
     assert ours.factors.numRows == 1 and ours.factors.numCols == 2
+
+
+def test_mini_batches_are_a_deterministic_sample(spark_ps):
+    """miniBatchFraction samples rows per (seed, iteration, partition): the same fit twice
+    gives the same model, another seed (same start rows, other samples) another one."""
+    from spark_ps.ml.fm.worker import sample_rows
+
+    spark, _ = spark_ps
+    df = _data(spark, 300, 9, classify=True)
+    params = dict(miniBatchFraction=0.5, maxIter=4, factorSize=K, stepSize=0.1, seed=4)
+    a, b = FMClassifier(**params).fit(df), FMClassifier(**params).fit(df)
+    np.testing.assert_array_equal(_factors(a), _factors(b))
+    assert a.objectiveHistory == b.objectiveHistory
+    full = FMClassifier(**{**params, "miniBatchFraction": 1.0}).fit(df)
+    assert np.abs(_factors(full) - _factors(a)).max() > 1e-6
+    picked = [sample_rows(10_000, 0.5, 4, i, 0) for i in (1, 2)]
+    assert all(4700 < p.size < 5300 for p in picked)
+    assert not np.array_equal(picked[0], picked[1])
+    np.testing.assert_array_equal(picked[0], sample_rows(10_000, 0.5, 4, 1, 0))
+
+
+def test_train_validation_split_and_pipeline_take_it_as_mllibs(spark_ps, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
+
+    spark, _ = spark_ps
+    df = _data(spark, 300, 10, classify=True)
+    fm = FMClassifier(maxIter=5, factorSize=K, seed=1)
+    grid = ParamGridBuilder().addGrid(fm.stepSize, [0.001, 0.1]).build()
+    tvs = TrainValidationSplit(
+        estimator=fm, estimatorParamMaps=grid, evaluator=BinaryClassificationEvaluator(), seed=1
+    )
+    best = tvs.fit(df).bestModel
+    assert isinstance(best, FMClassificationModel) and best.getStepSize() == 0.1
+    model = Pipeline(stages=[fm]).fit(df)
+    model.write().overwrite().save(str(tmp_path / "p"))
+    back = PipelineModel.load(str(tmp_path / "p"))
+    a = model.transform(df).select("prediction").toArrow().column(0).to_numpy()
+    b = back.transform(df).select("prediction").toArrow().column(0).to_numpy()
+    np.testing.assert_array_equal(a, b)
