@@ -343,6 +343,18 @@ def test_pysparks_docstring_example_gives_mllibs_numbers(spark_ps):
     np.testing.assert_allclose(ours.intercept, theirs.intercept, rtol=1e-9)
     np.testing.assert_allclose(ours.linear.toArray(), theirs.linear.toArray(), rtol=1e-9)
     assert ours.factors.numRows == 1 and ours.factors.numCols == 2
+    # and FMRegressor's example: intercept -0.0032501766849261557, linear [0.9978]
+    df = spark.createDataFrame(
+        [(2.0, Vectors.dense(2.0)), (1.0, Vectors.dense(1.0)), (0.0, Vectors.sparse(1, [], []))],
+        ["label", "features"],
+    )
+    ours, theirs = (cls(factorSize=2).setSeed(16).fit(df) for cls in (FMRegressor, mr.FMRegressor))
+    np.testing.assert_allclose(ours.intercept, -0.0032501766849261557, rtol=1e-9)
+    np.testing.assert_allclose(ours.intercept, theirs.intercept, rtol=1e-9)
+    np.testing.assert_allclose(ours.linear.toArray(), theirs.linear.toArray(), rtol=1e-9)
+    np.testing.assert_allclose(
+        ours.predict(Vectors.dense(4.0)), theirs.predict(Vectors.dense(4.0)), rtol=1e-9
+    )
 
 
 def test_mini_batches_are_a_deterministic_sample(spark_ps):
