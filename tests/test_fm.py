@@ -251,8 +251,9 @@ def test_params_are_mllibs(spark_ps):
 
 def test_save_load_round_trip(spark_ps, tmp_path):
     spark, _ = spark_ps
-    df = _data(spark, 200, 7, classify=True)
+    df = _data(spark, 200, 7, classify=True, unseen=2)  # their rows come from seed and key
     model = FMClassifier(maxIter=3, factorSize=K, seed=2, thresholds=[0.3, 0.7]).fit(df)
+    assert model.factorKeys.size == NF - 2
     model.write().overwrite().save(str(tmp_path / "m"))
     back = FMClassificationModel.load(str(tmp_path / "m"))
     assert back.uid == model.uid and back.getThresholds() == [0.3, 0.7]

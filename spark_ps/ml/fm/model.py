@@ -193,8 +193,8 @@ class _FMModel(ArraysWritable):
     @classmethod
     def _from_saved(cls, metadata: dict, arrays: dict[str, np.ndarray]):
         model = cls()
-        p = metadata["paramMap"] | metadata.get("defaultParamMap", {})
-        k = int(metadata["paramMap"].get("factorSize", p.get("factorSize", 8)))
+        p = {**metadata.get("defaultParamMap", {}), **metadata["paramMap"]}  # set values win
+        k = int(p.get("factorSize", 8))
         state = FMState(
             metadata["numFeatures"],
             arrays.get("keys", np.zeros(0, np.int64)),
