@@ -294,7 +294,6 @@ def _shard_rss(ps) -> int:
     return sum(psutil.Process(h.pid).memory_info().rss for h in ps.client.health())
 
 
-@pytest.mark.slow  # ~10 s warm, ~40 s in a cold session
 def test_two_to_the_24_features_by_8_factors_hold_only_touched_rows(spark_ps):
     """A dense 2^24 x 8 float64 table is 1 GiB (3 GiB with AdamW's moments); the PS holds
     the rows the data touches, ~30k here, so the shards grow by a few MB."""
