@@ -7,6 +7,12 @@ Change ``from pyspark.ml.classification import LogisticRegression`` to
 from spark_ps.ml.gbt import distributed as _gbt  # noqa: F401 - registers the GBT trainer
 from spark_ps.ml.gbt.estimator import GBTClassifier
 from spark_ps.ml.gbt.model import GBTClassificationModel
+from spark_ps.ml.linear.svc import (
+    LinearSVC,
+    LinearSVCModel,
+    LinearSVCSummary,
+    LinearSVCTrainingSummary,
+)
 from spark_ps.ml.lr import distributed as _lbfgs  # noqa: F401 - registers the lbfgs trainer
 from spark_ps.ml.lr import minibatch as _minibatch  # noqa: F401 - registers sgd/adam/ftrl
 from spark_ps.ml.lr.estimator import LogisticRegression
@@ -23,4 +29,8 @@ __all__ = [
     "LogisticRegressionModel",
     "BinaryLogisticRegressionSummary",
     "BinaryLogisticRegressionTrainingSummary",
+    "LinearSVC",
+    "LinearSVCModel",
+    "LinearSVCSummary",
+    "LinearSVCTrainingSummary",
 ]
