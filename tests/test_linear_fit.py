@@ -107,11 +107,13 @@ def test_huber_matches_mllib(spark_ps, params):
 def test_linear_svc_matches_mllib(spark_ps, params):
     spark, _ = spark_ps
     df = _svc_df(spark)
-    ref = MLlibSVC(maxIter=500, tol=1e-12, **params).fit(df)
-    ours = LinearSVC(maxIter=500, tol=1e-12, **params).fit(df)
+    ref = MLlibSVC(maxIter=50, tol=1e-4, **params).fit(df)  # MLlib's hinge fit is the slow part
+    ours = LinearSVC(maxIter=50, tol=1e-4, **params).fit(df)
     _close(ours, ref)
     s, r = ours.summary(), ref.summary()
-    assert s.objectiveHistory[-1] == pytest.approx(r.objectiveHistory[-1], rel=1e-6)
+    # the same OWL-QN rules from the same start: the same path, iteration for iteration
+    assert s.totalIterations == r.totalIterations
+    np.testing.assert_allclose(s.objectiveHistory, r.objectiveHistory, rtol=1e-6)
     assert s.accuracy == pytest.approx(r.accuracy, abs=2 / 1500)
     assert s.areaUnderROC == pytest.approx(r.areaUnderROC, abs=1e-3)
     got = ours.transform(df).select("rawPrediction", "prediction").toPandas()
