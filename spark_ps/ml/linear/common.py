@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from spark_ps.data import DENSE_MAX_FEATURES, CSRBatch
 from spark_ps.ml.base import (
+    ArraysWriter,
     _quote,
     check_features,
     check_weights,
@@ -118,9 +119,24 @@ def fit_linear(est, dataset: DataFrame, problem: LinearProblem) -> LinearFit:
     return train_linear(prepared, problem, name)
 
 
+class GeneralWriter(ArraysWriter):
+    """Our writer, plus MLlib's ``format(source)``: ``"internal"`` (or ``"spark-ps"``) is
+    spark-ps's own layout; any other format (``"pmml"``) is written by MLlib's own writer of
+    the exported genuine model (``toMLlib()``)."""
+
+    def format(self, source: str):
+        if source in ("internal", "spark-ps"):
+            return self
+        return self.instance.toMLlib().write().format(source)
+
+
 class LinearCoefficients:
     """Coefficients and intercept of a linear model: dense (``values[i]`` is feature ``i``) or
     sorted unique int64 ``keys`` with their ``values`` plus ``numFeatures``."""
+
+    def write(self) -> GeneralWriter:
+        """An MLWriter for this model; ``.format("pmml")`` writes MLlib's PMML."""
+        return GeneralWriter(self)
 
     def _init_coefficients(self) -> None:
         self._values = np.zeros(0, dtype=np.float64)
