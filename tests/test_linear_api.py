@@ -148,10 +148,12 @@ def test_constant_label_gives_mllibs_model(spark_ps):
 
 
 def test_regression_save_load_export_and_summary_api(spark_ps, tmp_path):
-    spark, _ = spark_ps
+    spark, ps = spark_ps
     df = _small(spark)
     lr = LinearRegression(regParam=0.1, weightCol="w", loss="huber", predictionCol="p")
+    before = ps.client.models()
     model = lr.fit(df)
+    assert ps.client.models() == before  # the fit leaves nothing on the PS
     assert model.uid == lr.uid and model.getLoss() == "huber" and model.scale > 0
     path = str(tmp_path / "model")
     model.write().overwrite().save(path)

@@ -81,7 +81,11 @@ def test_linear_regression_matches_mllib(spark_ps, params):
 
 @pytest.mark.parametrize(
     "params",
-    [dict(regParam=0.0), dict(regParam=0.2, standardization=False, weightCol="weight")],
+    [
+        dict(regParam=0.0),
+        dict(regParam=0.2, standardization=False, weightCol="weight"),
+        dict(regParam=0.05, fitIntercept=False),
+    ],
 )
 def test_huber_matches_mllib(spark_ps, params):
     spark, _ = spark_ps
