@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "binary_lr_summary",
     "multiclass_lr_summary",
+    "linear_regression_summary",
+    "linear_svc_summary",
     "bridge_jar",
     "ensure_bridge",
     "call_bridge",
@@ -72,6 +74,61 @@ def multiclass_lr_summary(
     return impl(
         predictions._jdf, probability_col, prediction_col, label_col, features_col, weight_col
     )
+
+
+def _java_doubles(spark: SparkSession, values) -> JavaObject:
+    """A Java ``double[]`` of ``values`` (one buffer through the bridge, not element-wise)."""
+    import numpy as np
+
+    raw = np.ascontiguousarray(values, dtype="<f8").tobytes()
+    return ensure_bridge(spark).MLlibExport.doubles(raw)
+
+
+def linear_regression_summary(
+    predictions: DataFrame,
+    prediction_col: str,
+    label_col: str,
+    features_col: str,
+    weight_col: str,
+    num_features: int,
+    fit_intercept: bool,
+    estimates,
+    objective_history=None,
+) -> JavaObject:
+    """MLlib's own ``LinearRegression(Training)Summary`` over ``predictions``.
+
+    ``weight_col`` "" means weight 1.0; ``estimates`` are the coefficients (and the intercept
+    last when fitted). ``diagInvAtWA`` is MLlib's ``[0.0]`` of its l-bfgs solver, so the
+    coefficients' standard errors, t- and p-values raise as MLlib's do there.
+    """
+    spark = predictions.sparkSession
+    pkg = _jvm(spark).org.apache.spark.ml.regression
+    head = (predictions._jdf, prediction_col, label_col, features_col, weight_col)
+    head += (int(num_features), bool(fit_intercept), _java_doubles(spark, [0.0]))
+    coefs = _java_doubles(spark, estimates)
+    if objective_history is None:
+        return pkg.LinearRegressionSummary(*head, coefs)
+    return pkg.LinearRegressionTrainingSummary(
+        *head, _java_doubles(spark, objective_history), coefs
+    )
+
+
+def linear_svc_summary(
+    predictions: DataFrame,
+    raw_prediction_col: str,
+    prediction_col: str,
+    label_col: str,
+    weight_col: str,
+    objective_history=None,
+) -> JavaObject:
+    """MLlib's own ``LinearSVC(Training)SummaryImpl`` over ``predictions`` (a ``weight_col``
+    absent from ``predictions`` means weight 1.0, as in MLlib)."""
+    spark = predictions.sparkSession
+    args = (predictions._jdf, raw_prediction_col, prediction_col, label_col, weight_col)
+    if objective_history is None:
+        return _jvm_class(predictions, "LinearSVCSummaryImpl")(*args)
+    impl = _jvm_class(predictions, "LinearSVCTrainingSummaryImpl")
+    return impl(*args, _java_doubles(spark, objective_history))
 
 
 # --- the bridge jar (io.sparkps.bridge): loading, calls, MLlib model wrapping ---

@@ -33,12 +33,17 @@ def _rounds(kind: str):
         from spark_ps.ml.gbt.rounds import HANDLERS, setup_rows
 
         return setup_rows, HANDLERS
+    if kind == "linear":
+        from spark_ps.ml.linear.rounds import HANDLERS
+        from spark_ps.ml.lr.rounds import setup_rows
+
+        return setup_rows, HANDLERS
     from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 
     return setup_rows, HANDLERS
 
 
-@pytest.mark.parametrize("kind", ["gbt", "lr"])
+@pytest.mark.parametrize("kind", ["gbt", "lr", "linear"])
 def test_worker_function_loads_without_pyspark_ml(kind, tmp_path):
     setup_rows, handlers = _rounds(kind)
     prepared = PreparedData(None, "features", "label", None, None, "vector", 2)

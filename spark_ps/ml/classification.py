@@ -9,6 +9,12 @@ from spark_ps.ml.fm.model import FMClassificationModel
 from spark_ps.ml.gbt import distributed as _gbt  # noqa: F401 - registers the GBT trainer
 from spark_ps.ml.gbt.estimator import GBTClassifier
 from spark_ps.ml.gbt.model import GBTClassificationModel
+from spark_ps.ml.linear.svc import (
+    LinearSVC,
+    LinearSVCModel,
+    LinearSVCSummary,
+    LinearSVCTrainingSummary,
+)
 from spark_ps.ml.lr import distributed as _lbfgs  # noqa: F401 - registers the lbfgs trainer
 from spark_ps.ml.lr import minibatch as _minibatch  # noqa: F401 - registers sgd/adam/ftrl
 from spark_ps.ml.lr.estimator import LogisticRegression
@@ -27,4 +33,8 @@ __all__ = [
     "LogisticRegressionModel",
     "BinaryLogisticRegressionSummary",
     "BinaryLogisticRegressionTrainingSummary",
+    "LinearSVC",
+    "LinearSVCModel",
+    "LinearSVCSummary",
+    "LinearSVCTrainingSummary",
 ]

@@ -26,11 +26,23 @@ import numpy as np
 from spark_ps._jvm import bridge_jar, call_bridge, ensure_bridge, wrap_java_model
 
 if TYPE_CHECKING:
-    from pyspark.ml.classification import GBTClassificationModel, LogisticRegressionModel
-    from pyspark.ml.regression import GBTRegressionModel
+    from pyspark.ml.classification import (
+        GBTClassificationModel,
+        LinearSVCModel,
+        LogisticRegressionModel,
+    )
+    from pyspark.ml.regression import GBTRegressionModel, LinearRegressionModel
     from pyspark.sql import SparkSession
 
-__all__ = ["bridge_jar", "ensure_bridge", "lr_to_mllib", "gbt_to_mllib", "TREE_FIELDS"]
+__all__ = [
+    "bridge_jar",
+    "ensure_bridge",
+    "lr_to_mllib",
+    "gbt_to_mllib",
+    "linear_regression_to_mllib",
+    "linear_svc_to_mllib",
+    "TREE_FIELDS",
+]
 
 #: The arrays of the shared tree contract, with the dtype each crosses to the JVM in.
 TREE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -203,3 +215,58 @@ def gbt_to_mllib(
     )
     py_cls = GBTClassificationModel if classifier else GBTRegressionModel
     return wrap_java_model(py_cls, jm, params)
+
+
+def _linear_args(num_features: int, keys: np.ndarray | None, values: np.ndarray, what: str):
+    if not 0 <= int(num_features) < 2**31:
+        raise ValueError(f"{what}: numFeatures {num_features} is not in [0, 2**31)")
+    v = _finite(values, f"{what} coefficients")
+    idx = None if keys is None else _le(keys, "<i8", f"{what} coefficient indices")
+    return int(num_features), idx, _le(v, "<f8", f"{what} coefficients")
+
+
+def linear_regression_to_mllib(
+    spark: SparkSession,
+    uid: str,
+    num_features: int,
+    keys: np.ndarray | None,
+    values: np.ndarray,
+    intercept: float,
+    scale: float = 1.0,
+    *,
+    params: Mapping[str, Any] | None = None,
+) -> LinearRegressionModel:
+    """A genuine ``pyspark.ml.regression.LinearRegressionModel``.
+
+    ``keys`` None: ``values`` are dense (one per feature); else int64 strictly increasing
+    feature ids of the non-zero ``values`` (kept sparse on the JVM). ``scale`` is huber's
+    (1.0 for squared error).
+    """
+    from pyspark.ml.regression import LinearRegressionModel
+
+    n, idx, vals = _linear_args(num_features, keys, values, "LinearRegression")
+    b = float(_finite(np.array([intercept, scale]), "LinearRegression intercept/scale")[0])
+    export = ensure_bridge(spark).MLlibExport
+    jm = call_bridge(export.linearRegression, uid, n, idx, vals, b, float(scale))
+    return wrap_java_model(LinearRegressionModel, jm, params)
+
+
+def linear_svc_to_mllib(
+    spark: SparkSession,
+    uid: str,
+    num_features: int,
+    keys: np.ndarray | None,
+    values: np.ndarray,
+    intercept: float,
+    *,
+    params: Mapping[str, Any] | None = None,
+) -> LinearSVCModel:
+    """A genuine ``pyspark.ml.classification.LinearSVCModel`` (coefficients as in
+    :func:`linear_regression_to_mllib`)."""
+    from pyspark.ml.classification import LinearSVCModel
+
+    n, idx, vals = _linear_args(num_features, keys, values, "LinearSVC")
+    b = float(_finite(np.array([intercept]), "LinearSVC intercept")[0])
+    export = ensure_bridge(spark).MLlibExport
+    jm = call_bridge(export.linearSVC, uid, n, idx, vals, b)
+    return wrap_java_model(LinearSVCModel, jm, params)

@@ -1,13 +1,16 @@
 package io.sparkps.bridge;
 
 import org.apache.spark.ml.classification.GBTClassificationModel;
+import org.apache.spark.ml.classification.LinearSVCModel;
 import org.apache.spark.ml.classification.LogisticRegressionModel;
 import org.apache.spark.ml.linalg.DenseMatrix;
 import org.apache.spark.ml.linalg.Matrix;
 import org.apache.spark.ml.linalg.SparseMatrix;
+import org.apache.spark.ml.linalg.Vector;
 import org.apache.spark.ml.linalg.Vectors;
 import org.apache.spark.ml.regression.DecisionTreeRegressionModel;
 import org.apache.spark.ml.regression.GBTRegressionModel;
+import org.apache.spark.ml.regression.LinearRegressionModel;
 import org.apache.spark.ml.tree.ContinuousSplit;
 import org.apache.spark.ml.tree.InternalNode;
 import org.apache.spark.ml.tree.LeafNode;
@@ -77,6 +80,55 @@ public final class MLlibExport {
         }
         Matrix m = new DenseMatrix(numClasses, w.length / numClasses, w, true);
         return new LogisticRegressionModel(uid, m, Vectors.dense(b), numClasses, true);
+    }
+
+    /**
+     * LinearRegressionModel: coefficients dense ({@code indices} null, float64 {@code values}
+     * of {@code numFeatures}) or sparse (int64 {@code indices}, strictly increasing), the
+     * intercept and the huber {@code scale} (1.0 for squared error, as MLlib).
+     */
+    public static LinearRegressionModel linearRegression(String uid, int numFeatures,
+            Object indices, Object values, double intercept, double scale) {
+        Vector w = coefficientVector(numFeatures, indices, values, "LinearRegression");
+        return new LinearRegressionModel(uid, w, intercept, scale);
+    }
+
+    /** LinearSVCModel; coefficients as in {@link #linearRegression}. */
+    public static LinearSVCModel linearSVC(String uid, int numFeatures, Object indices,
+            Object values, double intercept) {
+        Vector w = coefficientVector(numFeatures, indices, values, "LinearSVC");
+        return new LinearSVCModel(uid, w, intercept);
+    }
+
+    /** float64 values as a Java array (summaries take {@code double[]} histories). */
+    public static double[] doubles(Object values) {
+        return LittleEndian.doubles(values, "doubles");
+    }
+
+    private static Vector coefficientVector(int numFeatures, Object indices, Object values,
+            String what) {
+        double[] v = LittleEndian.doubles(values, what + " coefficient values");
+        if (indices == null) {
+            if (v.length != numFeatures) {
+                throw new IllegalArgumentException(what + ": " + v.length
+                    + " dense coefficients for numFeatures " + numFeatures);
+            }
+            return Vectors.dense(v);
+        }
+        long[] idx = LittleEndian.longs(indices, what + " coefficient indices");
+        if (idx.length != v.length) {
+            throw new IllegalArgumentException(what + " coefficients: " + idx.length
+                + " indices but " + v.length + " values");
+        }
+        int[] cols = new int[idx.length];
+        for (int i = 0; i < idx.length; i++) {
+            if (idx[i] < 0 || idx[i] >= numFeatures || (i > 0 && idx[i] <= idx[i - 1])) {
+                throw new IllegalArgumentException(what + " coefficient index " + idx[i]
+                    + " at " + i + " is not strictly increasing within [0, " + numFeatures + ")");
+            }
+            cols[i] = (int) idx[i];
+        }
+        return Vectors.sparse(numFeatures, cols, v);
     }
 
     /** A binary GBT classifier (MLlib's logistic loss) from concatenated tree arrays. */

@@ -1,0 +1,312 @@
+"""Full-batch L-BFGS / OWL-QN fits of MLlib's LinearRegression and LinearSVC on the PS.
+
+The same machinery as :mod:`spark_ps.ml.lr.distributed`: one barrier Spark job holds the
+data, the solver (:func:`~spark_ps.ml.lr.optim.minimize_lbfgs`) runs on the driver over
+co-located PS vectors, and each evaluation is one worker round that pulls the coefficients
+of the keys a partition touches and pushes its gradient exactly once. Only the loss differs
+(:mod:`spark_ps.ml.linear.losses`), and with it the layout of the solver's vector:
+
+* squared error: ``K`` coefficient slots (the intercept is MLlib's closed form
+  ``yMean - coefficients . mean`` after the fit);
+* hinge: ``K`` (+1 intercept slot);
+* huber: ``K`` (+1 intercept slot) +1 scale slot holding ``log(sigma)``.
+
+MLlib bounds huber's ``sigma`` below by 0 with L-BFGS-B; here the solver's coordinate is
+``log(sigma)``, which keeps ``sigma > 0`` with the unconstrained solver. A stationary point
+in ``log(sigma)`` is one in ``sigma``, so the optimum is MLlib's; the path differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from spark_ps.context import PSContext
+from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml.base import PreparedData
+from spark_ps.ml.linear.rounds import HANDLERS, LABEL_STATS
+from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _result
+from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
+from spark_ps.ml.lr.optim import minimize_lbfgs
+from spark_ps.ml.lr.ps_space import PSVecSpace
+from spark_ps.ml.lr.rounds import setup_rows
+from spark_ps.models import PSMatrix
+
+__all__ = ["LinearProblem", "LinearFit", "train_linear"]
+
+log = logging.getLogger("spark_ps.ml.linear")
+
+LOSSES = ("squaredError", "huber", "hinge")
+
+
+@dataclass
+class LinearProblem:
+    """What to fit: MLlib's Param values that shape the objective."""
+
+    loss: str
+    fit_intercept: bool
+    reg_param: float
+    elastic_net: float
+    standardization: bool
+    max_iter: int
+    tol: float
+    epsilon: float = 1.35
+
+
+@dataclass
+class LinearFit:
+    """A fitted linear model: coefficients (dense, or values at ``keys``), intercept,
+    huber scale (1.0 otherwise), MLlib's objective history and iteration count."""
+
+    coefficients: np.ndarray
+    intercept: float
+    scale: float
+    objective_history: list[float]
+    total_iterations: int
+    keys: np.ndarray | None
+    num_features: int
+
+
+@dataclass
+class _Labels:
+    n_rows: int
+    weight_sum: float
+    weight_sq_sum: float
+    mean: float
+    std: float  # MLlib's weighted unbiased std; exactly 0 when every label is equal
+    n_bad: int  # labels outside {0, 1}
+
+
+def train_linear(prepared: PreparedData, problem: LinearProblem, name: str) -> LinearFit:
+    """Fit ``problem`` on ``prepared`` with the model on the PS (see the module doc)."""
+    if problem.loss not in LOSSES:
+        raise ValueError(f"loss {problem.loss!r} is not one of {', '.join(LOSSES)}")
+    ps = PSContext.getOrCreate(prepared.df.sparkSession)
+    setup = setup_rows(prepared, dense_matrix=True)
+    job = PSJob(ps, prepared.df, prepared.num_workers, setup, HANDLERS, name=name)
+    with job:
+        ks = _key_space(job, ps, prepared, identity=True)
+        extra = _extra_slots(problem)
+        space = PSVecSpace(ps, ks.size + extra, prefix=job.topic)
+        try:
+            return _Solve(job, space, ks, problem).run()
+        finally:  # clean-up must not hide the fit's own error (see best_effort)
+            best_effort("releasing the solver's PS vectors", space.release_all)
+            if ks.keyset is not None:
+                best_effort("dropping the key set", ks.keyset.drop)
+
+
+def _extra_slots(problem: LinearProblem) -> int:
+    """Slots after the K coefficients: intercept (hinge, huber), scale (huber)."""
+    intercept = problem.fit_intercept and problem.loss != "squaredError"
+    return int(intercept) + int(problem.loss == "huber")
+
+
+class _Solve:
+    """Driver side of one fit: statistics, MLlib's scaled objective, the solver, the result."""
+
+    def __init__(self, job: PSJob, space: PSVecSpace, ks: _KeySpace, problem: LinearProblem):
+        self.job, self.space, self.ks, self.p = job, space, ks, problem
+        self.k = ks.size
+        has_b = problem.fit_intercept and problem.loss != "squaredError"
+        self.intercept_slot = self.k if has_b else -1
+        self.sigma_slot = space.dim - 1 if problem.loss == "huber" else -1
+        self.keyset = None if ks.keyset is None else ks.keyset.name
+
+    # ------------------------------------------------------------------ statistics
+
+    def stats(self):
+        """(mean, std) PS vectors of the features and the label statistics."""
+        space, ctx = self.space, self.space.context
+        base = f"{space.prefix}/stats"
+        sums = PSMatrix.dense(space.dim, 3, name=f"{base}/sums", context=ctx)
+        extremes = PSMatrix.dense(space.dim, 2, name=f"{base}/extremes", context=ctx)
+        nw = self.job.num_workers
+        try:
+            r, out = self.job.call(
+                "linear_stats",
+                keyset=self.keyset,
+                sums=sums.name,
+                extremes=extremes.name,
+                num_workers=nw,
+            )
+            sums.reduce(r)
+            extremes.reduce(r, how="max")
+            n_rows, wsum, wsq = out[:3]
+            labels = _merge_labels(out[3:].reshape(nw, len(LABEL_STATS)), n_rows, wsum, wsq)
+            if not wsum > 0:
+                raise ValueError(f"the total instance weight is {wsum!r}; it must be positive")
+            mean, std = space.new("mean"), space.new("std")
+            ctx.client.call(
+                "stats.standardize",
+                [sums.spec, extremes.spec, mean.spec, std.spec],
+                {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows},
+            )
+        finally:
+            best_effort("dropping the statistics sums", sums.drop)
+            best_effort("dropping the statistics extremes", extremes.drop)
+        return mean, std, labels
+
+    # ------------------------------------------------------------------ the fit
+
+    def run(self) -> LinearFit:
+        p, space = self.p, self.space
+        mean, std, labels = self.stats()
+        if p.loss == "hinge" and labels.n_bad:
+            raise ValueError(
+                f"LinearSVC: labels must be 0 or 1; {labels.n_bad} rows have other labels"
+            )
+        y_mean, y_std = labels.mean, labels.std
+        if p.loss == "squaredError" and y_std == 0.0:
+            if p.fit_intercept or y_mean == 0.0:
+                log.warning(
+                    "the label's standard deviation is zero: coefficients are 0 and the "
+                    "intercept is the label's mean, %s; no training is needed",
+                    y_mean,
+                )
+                return self._constant(y_mean)
+            if p.reg_param != 0.0:
+                raise ValueError(
+                    "The standard deviation of the label is zero. Model cannot be regularized "
+                    f"(regParam={p.reg_param}); set fitIntercept=true or regParam=0."
+                )
+            y_std = abs(y_mean)
+        mask = space.new("coef_mask")
+        mask.fill(1.0)
+        extras = [s for s in (self.intercept_slot, self.sigma_slot) if s >= 0]
+        if extras:
+            mask.update(np.array(extras, dtype=np.int64), np.zeros(len(extras)))
+        reg = p.reg_param / y_std if p.loss == "squaredError" else p.reg_param
+        vecs = build_lr_vectors(
+            space,
+            mean,
+            std,
+            mask,
+            reg_param=reg,
+            elastic_net=p.elastic_net if p.loss == "squaredError" else 0.0,
+            standardization=p.standardization,
+            fit_intercept=self.intercept_slot >= 0,
+        )
+        centered = vecs.scaled_mean  # hinge/huber with an intercept: MLlib's virtual centering
+        if p.loss == "squaredError" and p.fit_intercept:
+            centered = space.new("scaled_mean")
+            space.apply("lr_scaled_mean", centered, mean, vecs.inv_std)
+        l1 = vecs.l1_weight
+        if p.loss == "hinge":  # MLlib's LinearSVC runs OWL-QN with a zero L1 weight
+            l1 = space.new("l1_zero")
+        x = self._initial_point(centered)
+        evaluate = self._objective(vecs, centered, y_mean, y_std)
+        res = minimize_lbfgs(space, evaluate, x, max_iter=p.max_iter, tol=p.tol, m=10, l1=l1)
+        return self._result(res, vecs, centered, mean, y_mean, y_std)
+
+    def _initial_point(self, centered):
+        """MLlib's start: zeros; huber starts every coefficient and the intercept at 1 (the
+        intercept moved by the centering) and sigma at 1."""
+        x = self.space.new("x")
+        if self.p.loss != "huber":
+            return x
+        x.fill(1.0)
+        slots = np.array([s for s in (self.intercept_slot, self.sigma_slot) if s >= 0])
+        x.update(slots, np.zeros(slots.size))  # log(sigma) = 0; the intercept next
+        if self.intercept_slot >= 0:
+            adapt = self.space.dot(x, centered)
+            x.update(np.array([self.intercept_slot]), np.array([1.0 + adapt]))
+        return x
+
+    def _scalars(self, x, centered) -> tuple[float, float, float]:
+        """(x . centered, x[intercept], x[scale]) in one request (0 for absent ones)."""
+        picks = [[0, s] for s in (self.intercept_slot, self.sigma_slot) if s >= 0]
+        if centered is None and not picks:
+            return 0.0, 0.0, 0.0
+        models = [x.spec] + ([centered.spec] if centered is not None else [])
+        args = {"pairs": [[0, 1]] if centered is not None else [], "pick": picks}
+        out = self.space.context.client.call("linalg.dots", models, args)
+        vals = np.sum([a[0] for _, a in out], axis=0)
+        dot = float(vals[0]) if centered is not None else 0.0
+        rest = list(vals[1:] if centered is not None else vals)
+        b = float(rest.pop(0)) if self.intercept_slot >= 0 else 0.0
+        t = float(rest.pop(0)) if self.sigma_slot >= 0 else 0.0
+        return dot, b, t
+
+    def _objective(self, vecs, centered, y_mean: float, y_std: float):
+        p, space = self.p, self.space
+
+        def evaluate(x, g) -> float:
+            dot, b, t = self._scalars(x, centered)
+            if p.loss == "squaredError":
+                offset = y_mean / y_std - dot if p.fit_intercept else 0.0
+            else:
+                offset = b - dot if self.intercept_slot >= 0 else 0.0
+            r, (loss, wsum, grad_offset) = self.job.call(
+                "linear_grad",
+                loss=p.loss,
+                x=x.name,
+                g=g.name,
+                inv_std=vecs.inv_std.name,
+                offset=offset,
+                label_scale=1.0 / y_std if p.loss == "squaredError" else 1.0,
+                sigma=math.exp(t),
+                epsilon=p.epsilon,
+                intercept_slot=self.intercept_slot,
+                sigma_slot=self.sigma_slot,
+                keyset=self.keyset,
+            )
+            g.reduce(r)
+            value = finish_objective(
+                space, x, g, vecs, loss_sum=loss, weight_sum=wsum, grad_intercept=grad_offset
+            )
+            if p.loss == "squaredError" and centered is not None:  # label-centered residuals
+                space.axpy(-grad_offset / wsum, centered, g)
+            return value
+
+        return evaluate
+
+    def _result(self, res, vecs, centered, mean, y_mean: float, y_std: float) -> LinearFit:
+        p, space = self.p, self.space
+        coef_h = space.new("coefficients")
+        space.apply("multiply", coef_h, res.x, vecs.inv_std)  # standardized -> original
+        dot, b, t = self._scalars(res.x, centered)
+        scale = 1.0
+        if p.loss == "squaredError":
+            space.scale(y_std, coef_h)
+            intercept = y_mean - y_std * dot if p.fit_intercept else 0.0
+        else:
+            intercept = b - dot if self.intercept_slot >= 0 else 0.0
+            if p.loss == "huber":
+                scale = math.exp(t)
+        keys, ids = self.ks.touched()
+        coef = coef_h.pull(ids) if keys.size else np.zeros(0)
+        tr = _result(self.ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+        return LinearFit(
+            tr.coefficients,
+            tr.intercept,
+            scale,
+            list(tr.objective_history),
+            tr.total_iterations,
+            tr.keys,
+            int(self.ks.num_features),
+        )
+
+    def _constant(self, y_mean: float) -> LinearFit:
+        """MLlib's constant-label model: zero coefficients, the label's mean as intercept."""
+        empty = np.zeros(0, np.int64)
+        tr = _result(self.ks, empty, np.zeros(0), y_mean, [0.0], 0)
+        return LinearFit(tr.coefficients, y_mean, 1.0, [0.0], 0, tr.keys, int(self.ks.num_features))
+
+
+def _merge_labels(rows: np.ndarray, n_rows: float, wsum: float, wsq: float) -> _Labels:
+    """Combine the partitions' label rows (Chan et al.'s pairwise update) into MLlib's
+    weighted mean and unbiased std; the std is exactly 0 when min == max."""
+    W = rows[:, 0].sum()
+    mean = rows[:, 1].sum() / W if W > 0 else 0.0
+    m2 = 0.0
+    for w_p, s_p, m2_p, *_ in rows:
+        if w_p > 0:
+            m2 += m2_p + w_p * (s_p / w_p - mean) ** 2
+    lo, hi = rows[:, 3].min(), rows[:, 4].max()
+    denom = wsum - wsq / wsum if wsum > 0 else 0.0
+    std = math.sqrt(m2 / denom) if denom > 0 and lo != hi else 0.0
+    return _Labels(int(n_rows), float(wsum), float(wsq), float(mean), std, int(rows[:, 5].sum()))

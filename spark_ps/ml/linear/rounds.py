@@ -1,0 +1,98 @@
+"""The linear models' worker rounds: ``dims`` and ``keys`` as LogisticRegression's, then
+``linear_stats`` (feature and label statistics) and ``linear_grad`` (one loss-and-gradient pass).
+
+No ``pyspark.ml`` in this import chain (see :mod:`spark_ps.ml.lr.rounds`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from spark_ps.ml._job import WorkerContext
+from spark_ps.ml.linear import losses
+from spark_ps.ml.lr.objective import feature_stats
+from spark_ps.ml.lr.rounds import HANDLERS as _LR_HANDLERS
+from spark_ps.ml.lr.rounds import compact
+
+__all__ = ["HANDLERS", "LABEL_STATS"]
+
+#: Columns of each partition's row of label statistics (rows summed across partitions).
+LABEL_STATS = ("weight_sum", "label_sum", "label_m2", "label_min", "label_max", "n_bad")
+
+
+def _label_row(y: np.ndarray, w: np.ndarray | None) -> list[float]:
+    """Weight, weighted label sum, squared deviations from this partition's own weighted
+    mean, min and max label over rows of positive weight (MLlib's summarizer skips weight 0),
+    and the count of labels outside {0, 1}."""
+    w = np.ones(y.size) if w is None else w
+    pos = w > 0
+    yp, wp = y[pos], w[pos]
+    wsum = float(wp.sum())
+    n_bad = float(np.count_nonzero((y != 0.0) & (y != 1.0)))
+    if not yp.size or wsum <= 0:
+        return [0.0, 0.0, 0.0, math.inf, -math.inf, n_bad]
+    mean = float(np.dot(wp, yp)) / wsum
+    dev = yp - mean
+    return [wsum, float(np.dot(wp, yp)), float(np.dot(wp, dev * dev)), yp.min(), yp.max(), n_bad]
+
+
+def _linear_stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Per-key feature sums and extremes (as LogisticRegression's ``stats``) plus this
+    partition's row of label statistics in a ``[num_workers, 6]`` block."""
+    compact(ctx, cmd["keyset"])
+    local = ctx.state["local"]
+    p = feature_stats([local])
+    gk = ctx.state["ids"][p.keys]
+    sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
+    ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part)
+    extremes = np.column_stack([p.vmax, -p.vmin])
+    ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part)
+    labels = np.zeros((cmd["num_workers"], len(LABEL_STATS)))
+    labels[ctx.part] = _label_row(local.labels, local.weights)
+    head = [p.n_rows, p.weight_sum, p.weight_sq_sum]
+    ctx.contribute(round_, np.concatenate([head, labels.ravel()]))
+
+
+def _linear_grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Loss and gradient of this partition at x for ``cmd["loss"]``; the gradient goes to g
+    exactly once, with the multiplier sum at the intercept slot and the scale's derivative
+    (times sigma: the solver's coordinate is log sigma) at the scale slot, when present."""
+    keys, local = compact(ctx, cmd["keyset"])
+    if ctx.state.get("linear_inv_std_name") != cmd["inv_std"]:
+        ctx.state["linear_inv_std"] = ctx.tensor(cmd["inv_std"]).pull(keys)
+        ctx.state["linear_inv_std_name"] = cmd["inv_std"]
+    inv_std = ctx.state["linear_inv_std"]
+    coef = ctx.tensor(cmd["x"]).pull(keys)
+    loss, offset = cmd["loss"], cmd["offset"]
+    extra_keys, extra = [], []
+    if loss == "squaredError":
+        scale = cmd["label_scale"]
+        out = losses.squared_error(local, coef, inv_std, offset=offset, label_scale=scale)
+    elif loss == "hinge":
+        out = losses.hinge(local, coef, inv_std, offset=offset)
+    else:
+        sigma = cmd["sigma"]
+        *out, dsigma = losses.huber(
+            local, coef, inv_std, offset=offset, sigma=sigma, epsilon=cmd["epsilon"]
+        )
+        extra_keys.append(cmd["sigma_slot"])
+        extra.append(dsigma * sigma)
+    loss_sum, grad, grad_offset, wsum = out
+    if cmd["intercept_slot"] >= 0:
+        extra_keys.insert(0, cmd["intercept_slot"])
+        extra.insert(0, grad_offset)
+    if extra_keys:
+        keys = np.append(keys, np.array(extra_keys, dtype=np.int64))
+        grad = np.append(grad, extra)
+    ctx.tensor(cmd["g"]).aggregate(keys, grad, round=round_, part=ctx.part)
+    ctx.contribute(round_, [loss_sum, wsum, grad_offset])
+
+
+HANDLERS = {
+    "dims": _LR_HANDLERS["dims"],
+    "keys": _LR_HANDLERS["keys"],
+    "linear_stats": _linear_stats,
+    "linear_grad": _linear_grad,
+}

@@ -1,0 +1,129 @@
+"""LinearRegression and LinearSVC trained on the PS reach MLlib's optimum on the same data.
+
+Coefficients are compared in the Euclidean norm: ``|ours - mllib| <= 1e-3 * |mllib|``
+(both solvers stop at breeze's relative tolerance, so their iterates agree to a few
+digits, not bit for bit); intercepts to 1e-3 relative (an absolute floor for ~0 ones).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyspark.ml.classification import LinearSVC as MLlibSVC
+from pyspark.ml.linalg import Vectors
+from pyspark.ml.regression import LinearRegression as MLlibLinReg
+
+from spark_ps.ml.classification import LinearSVC
+from spark_ps.ml.regression import LinearRegression
+
+REL = 1e-3
+
+
+def _regression_df(spark, n=1500, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.2, 4.0, d) + rng.normal(size=d)
+    X[:, 1] = 2.5  # constant feature: std 0, coefficient 0 as in MLlib
+    beta = rng.normal(size=d)
+    y = X @ beta + 3.0 + rng.normal(scale=2.0, size=n)
+    y[:20] += rng.normal(scale=40.0, size=20)  # outliers, for huber
+    w = rng.uniform(0.2, 3.0, n)
+    rows = [(float(y[i]), float(w[i]), Vectors.dense(X[i])) for i in range(n)]
+    return spark.createDataFrame(rows, ["label", "weight", "features"]).cache()
+
+
+def _svc_df(spark, n=1500, d=8, seed=1):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.2, 4.0, d) + rng.normal(size=d)
+    beta = rng.normal(size=d)
+    m = (X - X.mean(0)) @ beta
+    y = (m + rng.normal(scale=np.std(m), size=n) > 0).astype(float)
+    w = rng.uniform(0.2, 3.0, n)
+    rows = [(float(y[i]), float(w[i]), Vectors.dense(X[i])) for i in range(n)]
+    return spark.createDataFrame(rows, ["label", "weight", "features"]).cache()
+
+
+def _close(ours, ref, rel=REL):
+    a, b = ours.coefficients.toArray(), ref.coefficients.toArray()
+    assert np.linalg.norm(a - b) <= rel * np.linalg.norm(b), (a, b)
+    assert ours.intercept == pytest.approx(ref.intercept, rel=rel, abs=rel * 1e-2), (
+        ours.intercept,
+        ref.intercept,
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(regParam=0.0),
+        dict(regParam=0.3),
+        dict(regParam=0.3, elasticNetParam=0.5),
+        dict(regParam=0.3, standardization=False, weightCol="weight"),
+        dict(regParam=0.1, elasticNetParam=1.0, fitIntercept=False),
+    ],
+)
+def test_linear_regression_matches_mllib(spark_ps, params):
+    spark, _ = spark_ps
+    df = _regression_df(spark)
+    ref = MLlibLinReg(solver="l-bfgs", maxIter=300, tol=1e-12, **params).fit(df)
+    ours = LinearRegression(maxIter=300, tol=1e-12, **params).fit(df)
+    _close(ours, ref)
+    assert ours.scale == 1.0
+    assert ours.coefficients[1] == 0.0  # the constant feature
+    s, r = ours.summary, ref.summary
+    for name in ("rootMeanSquaredError", "meanSquaredError", "meanAbsoluteError", "r2", "r2adj"):
+        assert getattr(s, name) == pytest.approx(getattr(r, name), rel=1e-6), name
+    assert s.explainedVariance == pytest.approx(r.explainedVariance, rel=1e-5)
+    assert s.numInstances == r.numInstances == 1500
+    assert s.degreesOfFreedom == r.degreesOfFreedom
+    assert s.objectiveHistory[-1] == pytest.approx(r.objectiveHistory[-1], rel=1e-6)
+    assert s.totalIterations == len(s.objectiveHistory) - 1
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(regParam=0.0),
+        dict(regParam=0.2, standardization=False, weightCol="weight"),
+        dict(regParam=0.05, fitIntercept=False),
+    ],
+)
+def test_huber_matches_mllib(spark_ps, params):
+    spark, _ = spark_ps
+    df = _regression_df(spark)
+    ref = MLlibLinReg(loss="huber", maxIter=400, tol=1e-12, **params).fit(df)
+    ours = LinearRegression(loss="huber", maxIter=400, tol=1e-12, **params).fit(df)
+    _close(ours, ref)
+    assert ours.scale == pytest.approx(ref.scale, rel=REL)
+    assert ours.summary.objectiveHistory[-1] == pytest.approx(
+        ref.summary.objectiveHistory[-1], rel=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(regParam=0.01),
+        dict(regParam=0.05, standardization=False),
+        dict(regParam=0.01, fitIntercept=False, weightCol="weight"),
+        dict(regParam=0.02, weightCol="weight", threshold=0.3),
+    ],
+)
+def test_linear_svc_matches_mllib(spark_ps, params):
+    spark, _ = spark_ps
+    df = _svc_df(spark)
+    ref = MLlibSVC(maxIter=50, tol=1e-4, **params).fit(df)  # MLlib's hinge fit is the slow part
+    ours = LinearSVC(maxIter=50, tol=1e-4, **params).fit(df)
+    _close(ours, ref)
+    s, r = ours.summary(), ref.summary()
+    # the same OWL-QN rules from the same start: the same path, iteration for iteration
+    assert s.totalIterations == r.totalIterations
+    np.testing.assert_allclose(s.objectiveHistory, r.objectiveHistory, rtol=1e-6)
+    assert s.accuracy == pytest.approx(r.accuracy, abs=2 / 1500)
+    assert s.areaUnderROC == pytest.approx(r.areaUnderROC, abs=1e-3)
+    got = ours.transform(df).select("rawPrediction", "prediction").toPandas()
+    want = ref.transform(df).select("rawPrediction", "prediction").toPandas()
+    raw_o = np.stack(got.rawPrediction.map(lambda v: v.toArray()))
+    raw_m = np.stack(want.rawPrediction.map(lambda v: v.toArray()))
+    assert np.abs(raw_o - raw_m).max() <= REL * np.abs(raw_m).max()
+    near = np.abs(raw_m[:, 1] - ours.getThreshold()) < 1e-2  # margins at the threshold may flip
+    assert (got.prediction.values[~near] == want.prediction.values[~near]).all()
