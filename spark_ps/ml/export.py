@@ -27,10 +27,17 @@ from spark_ps._jvm import bridge_jar, call_bridge, ensure_bridge, wrap_java_mode
 
 if TYPE_CHECKING:
     from pyspark.ml.classification import GBTClassificationModel, LogisticRegressionModel
-    from pyspark.ml.regression import GBTRegressionModel
+    from pyspark.ml.regression import DecisionTreeRegressionModel, GBTRegressionModel
     from pyspark.sql import SparkSession
 
-__all__ = ["bridge_jar", "ensure_bridge", "lr_to_mllib", "gbt_to_mllib", "TREE_FIELDS"]
+__all__ = [
+    "bridge_jar",
+    "ensure_bridge",
+    "lr_to_mllib",
+    "gbt_to_mllib",
+    "tree_to_mllib",
+    "TREE_FIELDS",
+]
 
 #: The arrays of the shared tree contract, with the dtype each crosses to the JVM in.
 TREE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -203,3 +210,27 @@ def gbt_to_mllib(
     )
     py_cls = GBTClassificationModel if classifier else GBTRegressionModel
     return wrap_java_model(py_cls, jm, params)
+
+
+def tree_to_mllib(
+    spark: SparkSession,
+    uid: str,
+    tree: Any,
+    num_features: int,
+    *,
+    params: Mapping[str, Any] | None = None,
+) -> DecisionTreeRegressionModel:
+    """A genuine MLlib ``DecisionTreeRegressionModel`` with ``uid`` (one tree of an ensemble).
+
+    ``tree`` holds the tree-contract arrays, as for :func:`gbt_to_mllib`.
+    """
+    from pyspark.ml.regression import DecisionTreeRegressionModel
+
+    if not 0 < int(num_features) < 2**31:
+        raise ValueError(f"tree_to_mllib: num_features {num_features} is not in [1, 2**31)")
+    sizes, buffers = _pack_trees([tree])
+    build = ensure_bridge(spark).MLlibExport.decisionTree
+    jm = call_bridge(
+        build, uid, int(num_features), sizes, *buffers, _le(np.ones(1), "<f8", "treeWeights")
+    )
+    return wrap_java_model(DecisionTreeRegressionModel, jm, params)
