@@ -339,11 +339,19 @@ class _GBTModelMixin(ArraysWritable):
 
     @property
     def trees(self) -> list[DecisionTreeRegressionModel]:
-        """Trees in this ensemble (their parents are None, as in MLlib)."""
-        return [
-            DecisionTreeRegressionModel(t, self._num_features, uid)
-            for t, uid in zip(self._trees, self._tree_uids, strict=True)
-        ]
+        """Trees in this ensemble (their parents are None, as in MLlib). Each carries the
+        ensemble's Params that a tree has too (featuresCol, predictionCol, leafCol, maxDepth,
+        seed, ...), as MLlib's trees do, so ``tree.transform`` writes the same columns."""
+        trees = []
+        for t, uid in zip(self._trees, self._tree_uids, strict=True):
+            tree = DecisionTreeRegressionModel(t, self._num_features, uid)
+            shared = {
+                p.name: self.getOrDefault(p)
+                for p in self.params
+                if self.isDefined(p) and tree.hasParam(p.name)
+            }
+            trees.append(tree._set(**shared))
+        return trees
 
     def toMLlib(self):
         """This model as a genuine MLlib ``GBTClassificationModel`` / ``GBTRegressionModel``,
