@@ -19,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from bench.common import REPO_ROOT
+from spark_ps.examples.flights_common import FIELDS
 
 __all__ = [
     "FLIGHTS_FIELDS",
@@ -288,22 +289,8 @@ def dense_features(
 # flights-3m: hashed one-hot fields and crosses, built with Spark SQL
 # ---------------------------------------------------------------------------------------
 
-FLIGHTS_FIELDS: tuple[str, ...] = (
-    "origin",
-    "destination",
-    "concat(origin, '>', destination)",
-    "hour",
-    "dayofweek(day)",
-    "concat(hour, '@', origin)",
-    "concat(hour, '@', destination)",
-    "concat(dayofweek(day), '@', hour)",
-    "concat(dayofweek(day), '@', origin)",
-    "floor(log2(greatest(distance, 1)) * 4)",
-    "month(day)",
-    "hour * 4 + minute div 15",
-)
-"""SQL expressions hashed one field each; crosses are concatenations. ``day``, ``hour`` and
-``minute`` are derived from the UTC instant, so they do not depend on the session time zone."""
+#: SQL expressions hashed one field each (the flights examples' fields and crosses).
+FLIGHTS_FIELDS: tuple[str, ...] = FIELDS
 
 
 def flights_ctr(

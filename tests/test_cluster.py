@@ -20,7 +20,7 @@ from test_jvm_bridge import bridge_jar as _bridge_jar  # noqa: F401 - fixture: j
 from bench.standalone import StandaloneCluster, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
-# where examples/flights_common.py looks: $SPARK_PS_DATA, else ../shared/data
+# where spark_ps/examples/flights_common.py looks: $SPARK_PS_DATA, else ../shared/data
 DATA = Path(os.environ.get("SPARK_PS_DATA") or ROOT.parent / "shared/data") / "flights-3m.parquet"
 
 pytestmark = [

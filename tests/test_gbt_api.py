@@ -359,6 +359,44 @@ def test_regressor_like_mllib(data, mllib_models):
         ours.evaluateEachIteration(df, "logistic")
 
 
+def test_trees_are_pyspark_tree_models(data, mllib_models, tmp_path):
+    """User code written for MLlib's ensembles (isinstance checks, per-tree transform with
+    leafCol/varianceCol, save and pyspark's load) keeps working on our trees."""
+    df, X = data
+    theirs = mllib_models[1]
+    ours = _copy_of(theirs, GBTRegressionModel)
+    for t, u in zip(ours.trees, theirs.trees, strict=True):
+        assert isinstance(t, mllib_reg.DecisionTreeRegressionModel)
+        assert t.uid == u.uid and t.numFeatures == u.numFeatures == N_FEATURES
+        assert (t.numNodes, t.depth, t.toDebugString) == (u.numNodes, u.depth, u.toDebugString)
+        v = Vectors.dense(X[5])
+        assert abs(t.predict(v) - u.predict(v)) < 1e-12 and t.predictLeaf(v) == u.predictLeaf(v)
+        np.testing.assert_allclose(
+            t.featureImportances.toArray(), u.featureImportances.toArray(), rtol=1e-12
+        )
+        t.setLeafCol("lf").setVarianceCol("var").setPredictionCol("p")
+        u = u.copy({u.leafCol: "lf", u.varianceCol: "var", u.predictionCol: "p"})
+        a, b = t.transform(df), u.transform(df)
+        assert [(f.name, f.dataType) for f in a.schema] == [(f.name, f.dataType) for f in b.schema]
+        assert a.schema["lf"].metadata == b.schema["lf"].metadata
+        a, b = a.toPandas(), b.toPandas()
+        np.testing.assert_allclose(a["p"], b["p"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(a["var"], b["var"], rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(a["lf"], b["lf"])
+        assert a["var"].nunique() > 1 and a["lf"].nunique() > 1
+        only_var = t.copy({t.leafCol: ""}).transform(df)
+        assert "lf" not in only_var.columns and not any("__" in c for c in only_var.columns)
+    tree = ours.trees[0].setLeafCol("lf").setVarianceCol("var")
+    genuine = tree.toMLlib()
+    assert type(genuine) is mllib_reg.DecisionTreeRegressionModel and genuine.uid == tree.uid
+    assert genuine.toDebugString == tree.toDebugString
+    path = str(tmp_path / "tree")
+    tree.save(path)
+    back = mllib_reg.DecisionTreeRegressionModel.load(path)
+    assert back.uid == tree.uid and back.toDebugString == tree.toDebugString
+    assert back.getLeafCol() == "lf" and back.getVarianceCol() == "var"
+
+
 # --------------------------------------------------------------------------- persistence
 
 

@@ -229,8 +229,8 @@ def test_unsupported_settings_fail_at_fit(spark, data, local_lbfgs):
     with pytest.raises(NotImplementedError, match="family='multinomial'"):
         LogisticRegression(family="multinomial").fit(data)
     bounds = DenseMatrix(1, NUM_FEATURES, [0.0] * NUM_FEATURES)
-    with pytest.raises(NotImplementedError, match="lowerBoundsOnCoefficients"):
-        LogisticRegression(lowerBoundsOnCoefficients=bounds).fit(data)
+    with pytest.raises(ValueError, match="lowerBoundsOnCoefficients is set.*solver='lbfgs'"):
+        LogisticRegression(lowerBoundsOnCoefficients=bounds, solver="sgd").fit(data)
     with pytest.raises(ValueError, match="numClasses=2 .* thresholds has length 3"):
         LogisticRegression(thresholds=[0.2, 0.3, 0.5]).fit(data)
     three = data.withColumn("label", F.when(F.col("id") == 3, 2.0).otherwise(F.col("label")))

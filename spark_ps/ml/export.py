@@ -31,7 +31,11 @@ if TYPE_CHECKING:
         LinearSVCModel,
         LogisticRegressionModel,
     )
-    from pyspark.ml.regression import GBTRegressionModel, LinearRegressionModel
+    from pyspark.ml.regression import (
+        DecisionTreeRegressionModel,
+        GBTRegressionModel,
+        LinearRegressionModel,
+    )
     from pyspark.sql import SparkSession
 
 __all__ = [
@@ -41,6 +45,7 @@ __all__ = [
     "gbt_to_mllib",
     "linear_regression_to_mllib",
     "linear_svc_to_mllib",
+    "tree_to_mllib",
     "TREE_FIELDS",
 ]
 
@@ -270,3 +275,27 @@ def linear_svc_to_mllib(
     export = ensure_bridge(spark).MLlibExport
     jm = call_bridge(export.linearSVC, uid, n, idx, vals, b)
     return wrap_java_model(LinearSVCModel, jm, params)
+
+
+def tree_to_mllib(
+    spark: SparkSession,
+    uid: str,
+    tree: Any,
+    num_features: int,
+    *,
+    params: Mapping[str, Any] | None = None,
+) -> DecisionTreeRegressionModel:
+    """A genuine MLlib ``DecisionTreeRegressionModel`` with ``uid`` (one tree of an ensemble).
+
+    ``tree`` holds the tree-contract arrays, as for :func:`gbt_to_mllib`.
+    """
+    from pyspark.ml.regression import DecisionTreeRegressionModel
+
+    if not 0 < int(num_features) < 2**31:
+        raise ValueError(f"tree_to_mllib: num_features {num_features} is not in [1, 2**31)")
+    sizes, buffers = _pack_trees([tree])
+    build = ensure_bridge(spark).MLlibExport.decisionTree
+    jm = call_bridge(
+        build, uid, int(num_features), sizes, *buffers, _le(np.ones(1), "<f8", "treeWeights")
+    )
+    return wrap_java_model(DecisionTreeRegressionModel, jm, params)

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.ml.functions import array_to_vector
+from pyspark.ml.functions import array_to_vector, vector_to_array
 from pyspark.ml.linalg import DenseVector, SparseVector, Vector
+from pyspark.ml.regression import DecisionTreeRegressionModel as MLlibDecisionTreeRegressionModel
+from pyspark.ml.util import MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -82,18 +84,28 @@ def feature_importances(
     return SparseVector(num_features, keys, [total[k] for k in keys])
 
 
-class DecisionTreeRegressionModel:
-    """One tree of a GBT ensemble, with the read-only API of MLlib's DecisionTreeRegressionModel.
+class DecisionTreeRegressionModel(MLlibDecisionTreeRegressionModel):
+    """One tree of a GBT ensemble: an instance of pyspark's ``DecisionTreeRegressionModel``.
 
-    Not a pyspark Transformer (MLlib's ensemble trees have no parent either): it answers
-    ``numNodes``, ``depth``, ``numFeatures``, ``toDebugString``, ``featureImportances``,
-    ``predict(vector)`` and ``predictLeaf(vector)``; ``tree`` is the underlying TreeArrays.
+    It subclasses pyspark's class so ``isinstance`` checks and helpers written for MLlib's
+    ensemble trees keep working, but holds no JVM object: ``numNodes``, ``depth``,
+    ``numFeatures``, ``toDebugString``, ``featureImportances``, ``predict``, ``predictLeaf``
+    and ``transform`` are answered from ``tree`` (the underlying TreeArrays) in Python, with
+    MLlib's definitions. ``toMLlib()`` builds the genuine JVM-backed model (same uid), which is
+    also what ``write``/``save`` store, so ``pyspark.ml.regression.DecisionTreeRegressionModel
+    .load`` reads a saved tree back.
     """
 
     def __init__(self, tree: TreeArrays, numFeatures: int, uid: str | None = None) -> None:
+        super().__init__()
         self.tree = tree
-        self.numFeatures = int(numFeatures)
-        self.uid = uid or _random_uid("dtr")
+        self._num_features = int(numFeatures)
+        self._resetUid(uid or _random_uid("dtr"))
+
+    @property
+    def numFeatures(self) -> int:
+        """Number of features the tree was trained on."""
+        return self._num_features
 
     @property
     def numNodes(self) -> int:
@@ -113,11 +125,11 @@ class DecisionTreeRegressionModel:
     @property
     def featureImportances(self) -> SparseVector:
         """Importance of each feature in this tree alone (normalised to sum to 1)."""
-        return feature_importances([self.tree], self.numFeatures, per_tree_normalization=True)
+        return feature_importances([self.tree], self._num_features, per_tree_normalization=True)
 
     def _node(self, value: Vector) -> int:
         state = _EnsembleState.build([self.tree], np.ones(1))
-        return int(state.leaf_nodes(vector_to_csr(value, self.numFeatures))[0, 0])
+        return int(state.leaf_nodes(vector_to_csr(value, self._num_features))[0, 0])
 
     def predict(self, value: Vector) -> float:
         """Prediction of this tree for one feature vector."""
@@ -126,6 +138,53 @@ class DecisionTreeRegressionModel:
     def predictLeaf(self, value: Vector) -> float:
         """Index of the leaf ``value`` falls into, leaves numbered in pre-order from 0."""
         return float(self.tree.leaf_index()[self._node(value)])
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        """prediction (and leafCol, varianceCol when set) in one Arrow scoring pass."""
+        variance_col = self.getOrDefault("varianceCol") if self.isDefined("varianceCol") else ""
+        leaf_col = self.getLeafCol()
+        for col in (variance_col, leaf_col):
+            if col and col in dataset.columns:
+                raise ValueError(f"Output column {col} already exists.")
+        hidden = f"__spark_ps_leaves_{self.uid}" if variance_col or leaf_col else ""
+        one = GBTRegressionModel([self.tree], [1.0], self._num_features, self.uid)
+        one._set(
+            featuresCol=self.getFeaturesCol(), predictionCol=self.getPredictionCol(), leafCol=hidden
+        )
+        out = one._transform(dataset)
+        if not hidden:
+            return out
+        # One tree's leaf is a double (MLlib), not the ensemble's vector of leaves.
+        leaf = vector_to_array(F.col(f"`{hidden}`"))[0]
+        extra = []
+        if variance_col:
+            # MLlib's variance of a regression tree's prediction is the impurity (label
+            # variance) of the leaf the row falls into; leaves are looked up by their
+            # pre-order index with a Spark expression, so no Python runs per row.
+            leaves = np.flatnonzero(self.tree.feature < 0)
+            by_leaf = np.empty(leaves.size)
+            by_leaf[self.tree.leaf_index()[leaves].astype(np.int64)] = self.tree.impurity[leaves]
+            table = F.array(*[F.lit(float(v)) for v in by_leaf])
+            extra.append(F.element_at(table, leaf.cast("int") + 1).alias(variance_col))
+        if leaf_col:
+            meta = {"ml_attr": {"type": "nominal", "num_vals": self.tree.num_leaves}}
+            extra.append(leaf.alias(leaf_col, metadata=meta))
+        return out.select(*[F.col(f"`{c}`") for c in out.columns if c != hidden], *extra)
+
+    def toMLlib(self) -> MLlibDecisionTreeRegressionModel:
+        """This tree as a genuine MLlib ``DecisionTreeRegressionModel`` (same uid and Params)."""
+        from pyspark.sql import SparkSession
+
+        from spark_ps.ml.export import tree_to_mllib
+
+        params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
+        return tree_to_mllib(
+            SparkSession.active(), self.uid, self.tree, self._num_features, params=params
+        )
+
+    def write(self) -> MLWriter:
+        """Writes the genuine MLlib tree (see ``toMLlib``), readable by pyspark's ``load``."""
+        return self.toMLlib().write()
 
     def __repr__(self) -> str:
         return (
@@ -280,11 +339,19 @@ class _GBTModelMixin(ArraysWritable):
 
     @property
     def trees(self) -> list[DecisionTreeRegressionModel]:
-        """Trees in this ensemble (their parents are None, as in MLlib)."""
-        return [
-            DecisionTreeRegressionModel(t, self._num_features, uid)
-            for t, uid in zip(self._trees, self._tree_uids, strict=True)
-        ]
+        """Trees in this ensemble (their parents are None, as in MLlib). Each carries the
+        ensemble's Params that a tree has too (featuresCol, predictionCol, leafCol, maxDepth,
+        seed, ...), as MLlib's trees do, so ``tree.transform`` writes the same columns."""
+        trees = []
+        for t, uid in zip(self._trees, self._tree_uids, strict=True):
+            tree = DecisionTreeRegressionModel(t, self._num_features, uid)
+            shared = {
+                p.name: self.getOrDefault(p)
+                for p in self.params
+                if self.isDefined(p) and tree.hasParam(p.name)
+            }
+            trees.append(tree._set(**shared))
+        return trees
 
     def toMLlib(self):
         """This model as a genuine MLlib ``GBTClassificationModel`` / ``GBTRegressionModel``,

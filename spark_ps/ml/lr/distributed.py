@@ -29,6 +29,7 @@ from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
+from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of, minimize_lbfgsb
 from spark_ps.ml.lr.estimator import TrainResult, check_label_counts, register_trainer
 from spark_ps.ml.lr.objective import (
     build_lr_vectors,
@@ -116,7 +117,9 @@ class _Fit:
         def evaluate(x, g) -> float:
             t0 = time.perf_counter()
             offset = 0.0
-            if self.fit_intercept:  # x[last] - x . scaled_mean, in one request
+            if self.fit_intercept and vecs.scaled_mean is None:  # not centered (bounded)
+                offset = float(x.pull(np.array([last]))[0])
+            elif self.fit_intercept:  # x[last] - x . scaled_mean, in one request
                 out = self.space.context.client.call(
                     "linalg.dots",
                     [x.spec, vecs.scaled_mean.spec],
@@ -289,6 +292,10 @@ def _solve(
         b = math.inf if label_weight[1] > 0 else -math.inf
         return _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
     mask = fit.coef_mask()
+    box = None
+    if any(params.get(name) is not None for name in BOUND_PARAMS):
+        keys, ids = ks.touched()
+        box = box_of(params, ks.num_features, keys, ids, std.pull(np.arange(k)), fit_intercept)
     vecs = build_lr_vectors(
         space,
         mean,
@@ -298,6 +305,7 @@ def _solve(
         elastic_net=params["elasticNetParam"],
         standardization=params["standardization"],
         fit_intercept=fit_intercept,
+        center=box is None or box.center,
     )
     x = space.new("x")
     initial_point(space, x, mask, label_weight, fit_intercept)
@@ -320,17 +328,31 @@ def _solve(
         bar.update(info.iteration, loss=info.value)
 
     def solve(resume: dict | None) -> TrainResult:
-        res = minimize_lbfgs(
-            space,
-            timed_evaluate,
-            x,
-            max_iter=params["maxIter"],
-            tol=params["tol"],
-            m=10,
-            l1=vecs.l1_weight,
-            callback=progress,
-            **_resume_hooks(recovery, space, stamps, resume),
-        )
+        if box is not None:  # a rollback re-runs a bounded fit from its start point
+            initial_point(space, x, mask, label_weight, fit_intercept)
+            del stamps[:]
+            res = minimize_lbfgsb(
+                space,
+                timed_evaluate,
+                x,
+                box,
+                max_iter=params["maxIter"],
+                tol=params["tol"],
+                m=10,
+                callback=progress,
+            )
+        else:
+            res = minimize_lbfgs(
+                space,
+                timed_evaluate,
+                x,
+                max_iter=params["maxIter"],
+                tol=params["tol"],
+                m=10,
+                l1=vecs.l1_weight,
+                callback=progress,
+                **_resume_hooks(recovery, space, stamps, resume),
+            )
         bar.close()
         phases.mark("iterations")
         log.info("evaluations: %s", {k: round(v, 3) for k, v in fit.spent.items()})

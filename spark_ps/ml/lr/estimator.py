@@ -207,19 +207,19 @@ class LogisticRegression(
         return self._set(family=value)
 
     def setLowerBoundsOnCoefficients(self, value: Matrix) -> LogisticRegression:
-        """Sets the value of :py:attr:`lowerBoundsOnCoefficients` (not supported at fit)."""
+        """Sets the value of :py:attr:`lowerBoundsOnCoefficients`."""
         return self._set(lowerBoundsOnCoefficients=value)
 
     def setUpperBoundsOnCoefficients(self, value: Matrix) -> LogisticRegression:
-        """Sets the value of :py:attr:`upperBoundsOnCoefficients` (not supported at fit)."""
+        """Sets the value of :py:attr:`upperBoundsOnCoefficients`."""
         return self._set(upperBoundsOnCoefficients=value)
 
     def setLowerBoundsOnIntercepts(self, value: Vector) -> LogisticRegression:
-        """Sets the value of :py:attr:`lowerBoundsOnIntercepts` (not supported at fit)."""
+        """Sets the value of :py:attr:`lowerBoundsOnIntercepts`."""
         return self._set(lowerBoundsOnIntercepts=value)
 
     def setUpperBoundsOnIntercepts(self, value: Vector) -> LogisticRegression:
-        """Sets the value of :py:attr:`upperBoundsOnIntercepts` (not supported at fit)."""
+        """Sets the value of :py:attr:`upperBoundsOnIntercepts`."""
         return self._set(upperBoundsOnIntercepts=value)
 
     def setMaxIter(self, value: int) -> LogisticRegression:

@@ -546,17 +546,20 @@ def build_lr_vectors(
     elastic_net: float,
     standardization: bool,
     fit_intercept: bool,
+    center: bool = True,
 ) -> LRVectors:
     """Derive MLlib's scaling, centering and penalty vectors with VecSpace kernels.
 
     ``mean``/``std`` hold the feature statistics (0 at the intercept slot) and
     ``coef_mask`` is 1 on coefficients, 0 on the intercept; the caller keeps them.
+    ``center=False`` fits the intercept without virtual centering (MLlib does so when the
+    intercept is bounded).
     """
     _check_params(reg_param, elastic_net)
     inv_std = space.new("lr.inv_std")
     space.apply("lr_inverse_std", inv_std, std)
     scaled_mean = None
-    if fit_intercept:
+    if fit_intercept and center:
         scaled_mean = space.new("lr.scaled_mean")
         space.apply("lr_scaled_mean", scaled_mean, mean, inv_std)
     reg_l2 = (1.0 - elastic_net) * reg_param
@@ -646,6 +649,8 @@ def original_space(
     space.apply("multiply", coef, x, vecs.inv_std)
     if not vecs.fit_intercept:
         return coef, 0.0
+    if vecs.scaled_mean is None:  # fitted without centering
+        return coef, intercept_value
     return coef, intercept_value - space.dot(x, vecs.scaled_mean)
 
 

@@ -200,8 +200,8 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
                 f"thresholds has length {len(self.getOrDefault(self.thresholds))}"
             )
         for name in _BOUND_PARAMS:
-            if self.isSet(self.getParam(name)):
-                raise NotImplementedError(
-                    f"{self.uid}: bound-constrained optimization ({name} is set) is not "
-                    "supported by spark-ps LogisticRegression; clear the bounds Params."
+            if self.isSet(self.getParam(name)) and self.getSolver() != "lbfgs":
+                raise ValueError(
+                    f"{self.uid}: bound-constrained optimization ({name} is set) runs "
+                    f"L-BFGS-B, as MLlib does: use solver='lbfgs', not {self.getSolver()!r}."
                 )

@@ -151,6 +151,20 @@ public final class MLlibExport {
         return new GBTRegressionModel(uid, t.models, t.weights, numFeatures);
     }
 
+    /** One regression tree, MLlib's {@code DecisionTreeRegressionModel}, keeping {@code uid}. */
+    public static DecisionTreeRegressionModel decisionTree(
+            String uid, int numFeatures, Object treeSizes, Object feature, Object threshold,
+            Object left, Object right, Object value, Object impurity, Object gain, Object count,
+            Object treeWeights) {
+        Trees t = new Trees(uid, numFeatures, treeSizes, feature, threshold, left, right, value,
+            impurity, gain, count, treeWeights);
+        if (t.models.length != 1) {
+            throw new IllegalArgumentException("tree export: " + t.models.length
+                + " trees given, need exactly one");
+        }
+        return new DecisionTreeRegressionModel(uid, t.models[0].rootNode(), numFeatures);
+    }
+
     /** Decodes the concatenated arrays of every tree and builds MLlib's tree models. */
     private static final class Trees {
         final DecisionTreeRegressionModel[] models;

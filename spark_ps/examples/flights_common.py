@@ -1,9 +1,7 @@
 """What the flights examples share: the session, the rows, the hashed features, the AUC.
 
 Not an example itself. Everything here runs in the driver and builds Spark SQL / MLlib
-plans, so the executors need nothing from this file: under ``spark-submit`` (client
-mode) it is found beside the example; in cluster deploy mode add
-``--py-files examples/flights_common.py``.
+plans, so the executors need nothing from this file beyond the installed package.
 
 The rows are a pure function of the data and ``fraction`` (a sample by a hash of each
 row's content, not by partition), and the split is by date, so a run on ``local[2]`` and
@@ -51,12 +49,19 @@ def session(app: str, driver_memory: str = "4g") -> Any:
 
 
 def data_path(path: str | None = None) -> str:
-    """The flights parquet: `path`, else $SPARK_PS_DATA, else ../shared/data beside the
-    repository. On a cluster it must be readable by every executor (HDFS, S3, NFS)."""
+    """The flights parquet: `path`, else $SPARK_PS_DATA, else ../shared/data beside a
+    checkout of the repository. On a cluster it must be readable by every executor (HDFS,
+    S3, NFS)."""
     if path:
         return path
-    folder = os.environ.get("SPARK_PS_DATA") or Path(__file__).resolve().parents[2] / "shared/data"
-    return str(Path(folder) / "flights-3m.parquet")
+    folder = os.environ.get("SPARK_PS_DATA") or Path(__file__).resolve().parents[3] / "shared/data"
+    found = Path(folder) / "flights-3m.parquet"
+    if not os.environ.get("SPARK_PS_DATA") and not found.exists():
+        raise FileNotFoundError(
+            f"flights-3m.parquet not found at {found}: pass --data PATH or set SPARK_PS_DATA "
+            "(it ships in the npm package vega-datasets@3.2.1, package/data/)"
+        )
+    return str(found)
 
 
 def flights(spark: Any, path: str | None = None, fraction: float = 1.0) -> tuple[Any, Any]:

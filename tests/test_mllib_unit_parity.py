@@ -1,0 +1,157 @@
+"""pyspark.ml's own unit tests for the estimators we replace, in our words, against MLlib.
+
+Spark's ``python/pyspark/ml/tests/test_classification.py`` / ``test_regression.py`` check
+each estimator on a four-row weighted dataset: Params, the fitted model's numbers, per-row
+predictions, output columns, summaries, save/load. Here each check is made against MLlib's
+own estimator fitted on the same data in the same run, rather than against numbers
+written down, so the tests say "same as MLlib" and stay true across Spark versions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyspark.ml import classification as mllib_clf
+from pyspark.ml.linalg import Vectors
+from pyspark.sql import DataFrame
+
+from spark_ps.ml import classification as ours_clf
+
+
+@pytest.fixture(scope="module")
+def four(spark):
+    """The four weighted rows of pyspark's tests, one partition in weight order."""
+    return (
+        spark.createDataFrame(
+            [
+                (1.0, 1.0, Vectors.dense(0.0, 5.0)),
+                (0.0, 2.0, Vectors.dense(1.0, 2.0)),
+                (1.0, 3.0, Vectors.dense(2.0, 1.0)),
+                (0.0, 4.0, Vectors.dense(3.0, 3.0)),
+            ],
+            ["label", "weight", "features"],
+        )
+        .coalesce(1)
+        .sortWithinPartitions("weight")
+    )
+
+
+VEC = Vectors.dense(0.0, 5.0)
+
+
+def _round_trip(est, model, tmp_path, est_cls, model_cls) -> None:
+    """Estimator and model survive write().overwrite().save / load with the same string."""
+    d = str(tmp_path / type(est).__name__)
+    est.write().overwrite().save(d)
+    assert str(est_cls.load(d)) == str(est)
+    model.write().overwrite().save(d)
+    back = model_cls.load(d)
+    assert str(back) == str(model)
+    return back
+
+
+def test_logistic_regression_threshold(four):
+    """Moving the threshold moves predictions exactly as MLlib's (0, 0.5, 1 and between)."""
+    ours = ours_clf.LogisticRegression(weightCol="weight").fit(four)
+    theirs = mllib_clf.LogisticRegression(weightCol="weight").fit(four)
+    for t in [0.0, 0.1, 0.2, 0.5, 1.0]:
+        got = [r.prediction for r in ours.setThreshold(t).transform(four).collect()]
+        want = [r.prediction for r in theirs.setThreshold(t).transform(four).collect()]
+        assert got == want, t
+        assert ours.predict(VEC) == theirs.predict(VEC)
+    assert [r.prediction for r in ours.setThreshold(0.5).transform(four).collect()] == [
+        0.0,
+        1.0,
+        1.0,
+        0.0,
+    ]
+
+
+def test_binary_logistic_regression_summary(spark):
+    df = spark.createDataFrame(
+        [(1.0, 2.0, Vectors.dense(1.0)), (0.0, 2.0, Vectors.sparse(1, [], []))],
+        ["label", "weight", "features"],
+    )
+    params = dict(maxIter=5, regParam=0.01, weightCol="weight", fitIntercept=False)
+    est = ours_clf.LogisticRegression(**params)
+    model = est.fit(df)
+    ref = mllib_clf.LogisticRegression(**params).fit(df)
+    assert model.uid == est.uid and model.hasSummary
+    s, r = model.summary, ref.summary
+    assert isinstance(s.predictions, DataFrame)
+    assert (s.probabilityCol, s.labelCol, s.featuresCol, s.predictionCol) == (
+        r.probabilityCol,
+        r.labelCol,
+        r.featuresCol,
+        r.predictionCol,
+    )
+    assert isinstance(s.objectiveHistory[0], float) and s.totalIterations > 0
+    np.testing.assert_allclose(s.objectiveHistory, r.objectiveHistory, rtol=1e-9)
+    for name in (
+        "labels",
+        "truePositiveRateByLabel",
+        "falsePositiveRateByLabel",
+        "precisionByLabel",
+        "recallByLabel",
+    ):
+        np.testing.assert_allclose(getattr(s, name), getattr(r, name), rtol=1e-12, err_msg=name)
+    np.testing.assert_allclose(s.fMeasureByLabel(), r.fMeasureByLabel(), rtol=1e-12)
+    np.testing.assert_allclose(s.fMeasureByLabel(1.0), r.fMeasureByLabel(1.0), rtol=1e-12)
+    for name in (
+        "areaUnderROC",
+        "accuracy",
+        "weightedTruePositiveRate",
+        "weightedFalsePositiveRate",
+        "weightedRecall",
+        "weightedPrecision",
+    ):
+        assert getattr(s, name) == pytest.approx(getattr(r, name), rel=1e-12), name
+    assert s.weightedFMeasure() == pytest.approx(r.weightedFMeasure(), rel=1e-12)
+    for name in ("roc", "pr", "fMeasureByThreshold", "precisionByThreshold", "recallByThreshold"):
+        a = np.array(getattr(s, name).toPandas().to_numpy(), dtype=float)
+        b = np.array(getattr(r, name).toPandas().to_numpy(), dtype=float)
+        np.testing.assert_allclose(a, b, rtol=1e-9, err_msg=name)
+    same = model.evaluate(df)
+    assert isinstance(same, ours_clf.BinaryLogisticRegressionSummary)
+    assert same.areaUnderROC == pytest.approx(s.areaUnderROC)
+
+
+def test_gbt_classifier(four, tmp_path):
+    params = dict(maxIter=3, maxDepth=2, labelCol="label", leafCol="leaf", seed=1)
+    est = ours_clf.GBTClassifier(**params)
+    assert (est.getMaxIter(), est.getMaxDepth(), est.getSeed(), est.getLeafCol()) == (
+        3,
+        2,
+        1,
+        "leaf",
+    )
+    model = est.fit(four)
+    ref = mllib_clf.GBTClassifier(**params).fit(four)
+    assert model.uid == est.uid
+    assert (model.numClasses, model.numFeatures) == (ref.numClasses, ref.numFeatures)
+    assert model.treeWeights == ref.treeWeights and model.totalNumNodes == ref.totalNumNodes
+    np.testing.assert_allclose(
+        model.featureImportances.toArray(), ref.featureImportances.toArray(), atol=1e-12
+    )
+    assert model.toDebugString.split("\n", 1)[1] == ref.toDebugString.split("\n", 1)[1]
+    assert model.predict(VEC) == ref.predict(VEC)
+    np.testing.assert_allclose(model.predictRaw(VEC), ref.predictRaw(VEC), atol=1e-12)
+    np.testing.assert_allclose(
+        model.predictProbability(VEC), ref.predictProbability(VEC), atol=1e-12
+    )
+    assert model.predictLeaf(VEC) == ref.predictLeaf(VEC)
+    np.testing.assert_allclose(
+        model.evaluateEachIteration(four), ref.evaluateEachIteration(four), rtol=1e-12
+    )
+    assert model.transform(four).columns == ref.transform(four).columns
+    trees, ref_trees = model.trees, ref.trees
+    assert len(trees) == len(ref_trees) == 3
+    for tree, ref_tree in zip(trees, ref_trees, strict=True):
+        assert isinstance(tree, type(ref_tree))
+        assert tree.predict(VEC) == pytest.approx(ref_tree.predict(VEC), abs=1e-12)
+        assert tree.transform(four).columns == ref_tree.transform(four).columns
+        assert tree.transform(four).count() == 4
+    back = _round_trip(
+        est, model, tmp_path, ours_clf.GBTClassifier, ours_clf.GBTClassificationModel
+    )
+    assert back.toDebugString == model.toDebugString
