@@ -52,6 +52,10 @@ T = TypeVar("T")
 
 #: A fit gives up after this many restores (a shard that keeps dying is not transient).
 MAX_RESTORES = 5
+#: The default mode's work while nothing fails (driver-held state, set-up rounds watched);
+#: off, a shard restart fails a fit without PS checkpoints. Only bench/ft_cost.py turns it
+#: off, to measure what it costs.
+DEFAULT_RECOVERY = True
 
 
 class ShardRestarted(RuntimeError):
@@ -110,7 +114,7 @@ class FitRecovery:
         """At boundary `iteration` of a fit with PS state and no PS checkpoints: every
         `interval` boundaries, keep `held()` (it may pull from the PS) as the state the
         driver resumes from after a shard restart."""
-        if self.ps_state and not self.enabled and self._due(iteration):
+        if DEFAULT_RECOVERY and self.ps_state and not self.enabled and self._due(iteration):
             kept = held()
             self.job.check_shards()  # not read from a shard that restarted meanwhile
             self.last = (iteration, kept)
@@ -239,6 +243,8 @@ def redo_on_restart(job: PSJob, what: str, step: Callable[[int], T]) -> T:
     shard restarts during it (at most MAX_RESTORES times): for set-up rounds whose results
     the driver reads back before the fit's model exists (GBT's sketch), so nothing needs
     restoring. Workers skip a round a restart broke instead of failing their task."""
+    if not DEFAULT_RECOVERY:
+        return step(0)
     before = job.restarts
     for n in range(MAX_RESTORES + 1):
         job.restarts = job.ps.client.shard_restarts()
