@@ -48,16 +48,16 @@ def _kill_shard(ps, index: int = 1) -> int:
 @pytest.fixture
 def kill_after(monkeypatch, spark_ps):
     """kill_after({op: [n, ...]}): SIGKILL shard 1 right after the driver posts the n-th
-    (0-based) command `op` of the next fits; op "final" kills as the driver starts reading
-    the coefficients back, op "tree" right after it reads a GBT fit's n-th finished tree
-    (its workers grow trees without driver commands). Returns the list the victims' pids
-    go into."""
+    (0-based) command `op` of the next fits; op "final" kills as an LR fit starts reading
+    its coefficients back (when it lists the touched keys, right before the last pulls),
+    op "tree" right after a GBT fit reads its n-th finished tree (its workers grow trees
+    without driver commands). Returns the list the victims' pids go into."""
     _, ps = spark_ps
     killed: list[int] = []
 
     def arm(plan: dict[str, list[int]]) -> list[int]:
         seen: dict[str, int] = {}
-        command, final = _job.PSJob.command, distributed.original_space
+        command, final = _job.PSJob.command, distributed._KeySpace.touched
         wait_posted = _job.PSJob.wait_posted
 
         def maybe_kill(op: str) -> None:
@@ -82,7 +82,7 @@ def kill_after(monkeypatch, spark_ps):
 
         monkeypatch.setattr(_job.PSJob, "command", command_then_kill)
         monkeypatch.setattr(_job.PSJob, "wait_posted", wait_then_kill)
-        monkeypatch.setattr(distributed, "original_space", final_then_kill)
+        monkeypatch.setattr(distributed._KeySpace, "touched", final_then_kill)
         return killed
 
     return arm
@@ -104,20 +104,22 @@ def _delta(ps, before: dict) -> dict:
 
 @pytest.mark.slow
 def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, kill_after):
-    """Default config: kills while the key set is filled (set-up, nothing held: starts
-    over), in iteration 14 (warm restart from the iterate held at iteration 10), and while
-    the coefficients are read back (from the iterate held last)."""
+    """Default config: kills while the statistics are summed (set-up, nothing held: starts
+    over), in the first gradient round (the first pull of x: starts over), ~15 iterations
+    in (a warm restart from the iterate held at iteration 10), and while the coefficients
+    are read back (from the iterate held last)."""
     spark, ps = spark_ps
     df = _correlated_df(spark)
     lr = LogisticRegression(maxIter=200, regParam=0.001, tol=1e-10)
     clean = lr.fit(df)
     assert clean.summary.totalIterations > 30  # the kill in grad round 20 lands mid-fit
     before = ps.metrics()
-    killed = kill_after({"stats": [0], "grad": [20], "final": [0]})
+    killed = kill_after({"stats": [0], "grad": [0, 20], "final": [0]})
     faulted = lr.fit(df)
-    assert len(killed) == 3
+    assert len(killed) == 4
     after = _delta(ps, before)
-    assert after["restart"] == 3 and after["restore"] == 3
+    assert after["restart"] == 4 and after["restore"] == 4
+    assert after["iteration_lost"] > 0  # the warm restart went back to a held iterate
     np.testing.assert_allclose(
         faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-6
     )
@@ -134,13 +136,13 @@ def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, 
 
 @pytest.mark.slow
 def test_minibatch_fit_survives_kills_in_set_up_and_epochs(spark_ps, kill_after):
-    """sgd (BSP, default staleness): kills while keys are numbered and in epoch 2; each
-    starts the fit over (the optimizer's state lives only on the PS), with the clean fit's
-    shuffles. Two clean fits here already differ by up to ~0.012 in a coefficient (the
-    order in which the two workers' steps reach a shard varies), so the faulted fit is
-    held to what a second clean fit meets: coefficients within 0.03, final loss within
-    1e-3 relative, AUC within 0.002, and exactly maxIter epochs (a fit that went on from a
-    half-trained model would have trained for more)."""
+    """sgd (BSP, default staleness): kills while keys are numbered, in epoch 2 and as the
+    weights are read back; each starts the fit over (the optimizer's state lives only on
+    the PS), with the clean fit's shuffles. Two clean fits here already differ by up to
+    ~0.012 in a coefficient (the order in which the two workers' steps reach a shard
+    varies), so the faulted fit is held to what a second clean fit meets: coefficients
+    within 0.03, final loss within 1e-3 relative, AUC within 0.002, and exactly maxIter
+    epochs (a fit that went on from a half-trained model would have trained for more)."""
     from pyspark.ml.evaluation import BinaryClassificationEvaluator
 
     spark, ps = spark_ps
@@ -148,11 +150,11 @@ def test_minibatch_fit_survives_kills_in_set_up_and_epochs(spark_ps, kill_after)
     lr = LogisticRegression(solver="sgd", maxIter=4, stepSize=0.05, batchSize=64, tol=0.0)
     clean = lr.fit(df)
     before = ps.metrics()
-    killed = kill_after({"keys": [0], "epoch": [1]})
+    killed = kill_after({"keys": [0], "epoch": [1], "final": [0]})
     faulted = lr.fit(df)
-    assert len(killed) == 2
+    assert len(killed) == 3
     after = _delta(ps, before)
-    assert after["restart"] == 2 and after["restore"] == 2
+    assert after["restart"] == 3 and after["restore"] == 3
     np.testing.assert_allclose(
         faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=0.03
     )
