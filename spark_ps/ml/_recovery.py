@@ -9,17 +9,19 @@ consistent point. Which point depends on the mode:
 
 * **Default (no ``spark.ps.checkpointDir``): driver-held state.** Nothing is written to
   disk. The driver keeps a small copy of the fit's state at boundaries: GBT its trees
-  (they live on the driver anyway); L-BFGS the iterate ``x`` (K+1 floats, pulled every
-  ``checkpointInterval`` iterations, ~1 % of an iteration's traffic at that interval) and
-  its scalars. After a restart every tensor of the fit is dropped, the set-up rounds (key
-  numbering, statistics, sketches) are redone under fresh names — the workers still hold
-  their partitions, so this costs rounds, not a re-read — and the solver starts again from
-  the held state: L-BFGS from ``x`` with an empty curvature history (the path after the
+  (they live on the driver anyway); L-BFGS its scalars and the iterate ``x`` (K+1
+  floats, up to 2^27 keys, pulled every ``checkpointInterval`` iterations: 0.25-0.9 s
+  per 20-iteration fit at 2^24 keys, ~1-2 % of its time, bench/ft_cost.py). After a
+  restart every tensor of the fit is dropped, the set-up rounds (key numbering,
+  statistics, sketches) are redone under fresh names — the workers still hold their
+  partitions, so this costs rounds, not a re-read — and the solver starts again from the
+  held state: L-BFGS from ``x`` with an empty curvature history (the path after the
   restart differs from a clean run's; the optimum does not). A fit with nothing held yet
   (a restart during set-up, or before the first held boundary) starts over from set-up.
   This was chosen over a default on-disk checkpoint because a checkpoint writes every
-  vector of the fit (2m + 4 for L-BFGS: ~3 GB per checkpoint at 2^24 keys), and over
-  default replication because it doubles the PS's processes and memory and every push.
+  vector of the fit (2m + 4 = 24 for L-BFGS: up to ~3 GB per checkpoint at 2^24 keys),
+  and over default replication because it doubles the PS's processes and memory and
+  every push.
 * **``spark.ps.checkpointDir`` set: PS checkpoints.** At every ``checkpointInterval``-th
   boundary all the fit's tensors go to the directory with the driver state in the
   manifest; a rollback restores them (on every shard) and the solver goes on exactly

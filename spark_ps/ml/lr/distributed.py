@@ -51,6 +51,9 @@ _IDENTITY_LIMIT = 1 << 16  # vector input up to this size: PS vector ids are the
 # touch, numbers its keys in a dense PS vector (8 bytes a feature) instead of a hash index.
 _DENSE_KEYSET_LIMIT = 1 << 25
 _DENSE_KEYSET_PER_KEY = 64
+# Up to this many keys the driver holds a copy of the iterate (8 bytes a key) to resume from
+# after a shard restart; above, a restart starts the fit over unless PS checkpoints are on.
+_HELD_LIMIT = 1 << 27
 # Where the evaluations' time goes (driver wall seconds; worker means), kept with the phases.
 _EVAL_PARTS = ("eval offset", "eval round", "eval reduce", "eval finish")
 _WORKER_PARTS = ("worker pull", "worker compute", "worker push+contribute")
@@ -391,7 +394,8 @@ def _resume_hooks(recovery: FitRecovery, space: PSVecSpace, stamps: list, resume
 
     def checkpoint(boundary: int, snapshot) -> None:
         recovery.boundary(boundary, lambda: snapshot(lambda v: v.name))
-        recovery.hold(boundary, lambda: warm_state(snapshot, lambda v: v.pull()))
+        if space.dim <= _HELD_LIMIT:
+            recovery.hold(boundary, lambda: warm_state(snapshot, lambda v: v.pull()))
 
     return {
         "checkpoint": checkpoint,
