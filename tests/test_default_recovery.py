@@ -113,13 +113,14 @@ def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, 
     lr = LogisticRegression(maxIter=200, regParam=0.001, tol=1e-10)
     clean = lr.fit(df)
     assert clean.summary.totalIterations > 30  # the kill in grad round 20 lands mid-fit
-    before = ps.metrics()
+    before, models = ps.metrics(), set(ps.client.models())
     killed = kill_after({"stats": [0], "grad": [0, 20], "final": [0]})
     faulted = lr.fit(df)
     assert len(killed) == 4
     after = _delta(ps, before)
     assert after["restart"] == 4 and after["restore"] == 4
     assert after["iteration_lost"] > 0  # the warm restart went back to a held iterate
+    assert set(ps.client.models()) <= models  # the fit left no tensor behind
     np.testing.assert_allclose(
         faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-6
     )
@@ -140,10 +141,10 @@ def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, 
 def test_minibatch_fit_survives_kills_in_set_up_and_epochs(spark_ps, kill_after):
     """sgd (BSP, default staleness): kills while keys are numbered, in epoch 2 and as the
     weights are read back; each starts the fit over (the optimizer's state lives only on
-    the PS), with the clean fit's shuffles. Two clean fits here already differ by up to
-    ~0.012 in a coefficient (the order in which the two workers' steps reach a shard
-    varies), so the faulted fit is held to what a second clean fit meets: coefficients
-    within 0.03, final loss within 1e-3 relative, AUC within 0.002, and exactly maxIter
+    the PS), with the clean fit's shuffles. Two clean fits here already differ (up to
+    ~0.012 in a coefficient, ~2% in an epoch's mean loss): a BSP worker that passed clock c
+    may pull while another already pushed step c+1. So the faulted fit is held to what a
+    second clean fit meets: coefficients within 0.03, AUC within 0.002, and exactly maxIter
     epochs (a fit that went on from a half-trained model would have trained for more)."""
     from pyspark.ml.evaluation import BinaryClassificationEvaluator
 
@@ -151,19 +152,17 @@ def test_minibatch_fit_survives_kills_in_set_up_and_epochs(spark_ps, kill_after)
     df = _correlated_df(spark, n=1200, d=8, seed=7)
     lr = LogisticRegression(solver="sgd", maxIter=3, stepSize=0.05, batchSize=64, tol=0.0)
     clean = lr.fit(df)
-    before = ps.metrics()
+    before, models = ps.metrics(), set(ps.client.models())
     killed = kill_after({"keys": [0], "epoch": [1], "final": [0]})
     faulted = lr.fit(df)
     assert len(killed) == 3
     after = _delta(ps, before)
     assert after["restart"] == 3 and after["restore"] == 3
+    assert set(ps.client.models()) <= models  # the fit left no tensor behind
     np.testing.assert_allclose(
         faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=0.03
     )
     assert len(faulted.summary.objectiveHistory) == 3
-    assert faulted.summary.objectiveHistory[-1] == pytest.approx(
-        clean.summary.objectiveHistory[-1], rel=1e-3
-    )
     auc = BinaryClassificationEvaluator().evaluate
     assert abs(auc(faulted.transform(df)) - auc(clean.transform(df))) <= 0.002
 

@@ -234,12 +234,16 @@ def _key_space(
             dense_ids = False
     if keyset is None:
         keyset = PSVector.sparse(max(num_features, 1), name=name, context=ps)
-    job.call("keys", keyset=keyset.name)
-    counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    res = ps.client.call(
-        "keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets]
-    )
+    try:
+        job.call("keys", keyset=keyset.name)
+        counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        res = ps.client.call(
+            "keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets]
+        )
+    except BaseException:  # e.g. a shard restarted: the fit starts over under new names
+        best_effort("dropping the key set", keyset.drop)
+        raise
     touched = np.concatenate([a[0] for _, a in res]).astype(np.int64) if dense_ids else None
     phases.mark("key numbering")
     return _KeySpace(keyset, int(sum(counts)), num_features, dense, touched)
@@ -274,7 +278,7 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
         def attempt(resume: dict | None) -> TrainResult:
             if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
                 _release(built)
-                built.update(_set_up(job, ps, prepared, params, phases, recovery.prefix))
+                _set_up(built, job, ps, prepared, params, phases, recovery.prefix)
             if "result" in built:
                 return built["result"]
             return _solve(built, stamps, params, phases, recovery, resume)
@@ -295,11 +299,14 @@ def _release(built: dict) -> None:
     built.clear()
 
 
-def _set_up(job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix: str) -> dict:
+def _set_up(
+    built: dict, job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix: str
+) -> None:
     """Key space, statistics and the solver's constant vectors and start point, named under
-    `prefix`; {"result": ...} alone when the labels decide the model (one class only)."""
+    `prefix`, into `built` as they are made (so a failure half-way releases what exists);
+    built["result"] when the labels decide the model (one class only)."""
     fit_intercept = bool(params["fitIntercept"])
-    built: dict = {"ks": _key_space(job, ps, prepared, phases, identity=True, prefix=prefix)}
+    built["ks"] = _key_space(job, ps, prepared, phases, identity=True, prefix=prefix)
     ks = built["ks"]
     space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix)
     fit = built["fit"] = _Fit(job, space, fit_intercept, ks, prepared.label_col)
@@ -311,7 +318,7 @@ def _set_up(job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix
         )
         b = math.inf if label_weight[1] > 0 else -math.inf
         built["result"] = _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
-        return built
+        return
     mask = fit.coef_mask()
     built["vecs"] = build_lr_vectors(
         space,
@@ -326,7 +333,6 @@ def _set_up(job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix
     x = built["x"] = space.new("x")
     initial_point(space, x, mask, label_weight, fit_intercept)
     phases.mark("solver vectors")
-    return built
 
 
 def _solve(
