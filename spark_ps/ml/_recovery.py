@@ -11,7 +11,7 @@ consistent point. Which point depends on the mode:
   disk. The driver keeps a small copy of the fit's state at boundaries: GBT its trees
   (they live on the driver anyway); L-BFGS its scalars and the iterate ``x`` (K+1
   floats, up to 2^27 keys, pulled every ``checkpointInterval`` iterations: 0.25-1.5 s
-  per 20-iteration fit at 2^24 keys, 0.4-2 % of its time, bench/ft_cost.py). After a
+  per 20-iteration fit at 2^24 keys, 0.5-2 % of its time, bench/ft_cost.py). After a
   restart every tensor of the fit is dropped, the set-up rounds (key numbering,
   statistics, sketches) are redone under fresh names — the workers still hold their
   partitions, so this costs rounds, not a re-read — and the solver starts again from the
