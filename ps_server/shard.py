@@ -253,7 +253,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         checkpoint.check_under_roots(request.uri, self.checkpoint_roots, f"shard {self.index}")
         with self.cut.exclusive(CUT_TIMEOUT, f"shard {self.index}: checkpoint"):
             with self._lock:
-                models = dict(self.models)
+                models = {n: t for n, t in self.models.items() if n.startswith(request.prefix)}
             arrays = checkpoint.model_arrays(models)  # copies: written with no lock held
         path, nbytes = checkpoint.save_arrays(request.uri, request.version, self.index, arrays)
         return pb.CheckpointResponse(path=path, nbytes=nbytes, num_models=len(models))

@@ -19,6 +19,9 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
                            master, ``spark.driver.host`` with a cluster master)
 ``spark.ps.checkpointDir`` where checkpoints go and restarted shards restore from;
                            fits checkpoint there every ``checkpointInterval`` iterations
+                           (unset: fits survive a shard restart from state the driver
+                           holds, see ``spark_ps.ml._recovery``; an embedded loopback PS
+                           keeps online models' snapshots in a temp dir of its own)
 ``spark.ps.checkpointKeep`` sealed checkpoint versions kept (default 2; 0 keeps all)
 ``spark.ps.replicas``      embedded processes per shard: 2 adds a synchronous backup
                            that takes over when its primary dies (default 1)
@@ -41,8 +44,11 @@ import atexit
 import logging
 import os
 import queue
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 from ps_server.auth import is_loopback, new_token
@@ -198,6 +204,7 @@ class PSContext:
         self._fit_lock = threading.Lock()
         self._fits: set = set()
         self._requests: dict[str, list] = {}  # uri -> [event, version once written]
+        self._scratch: str | None = None  # recovery_dir's temp dir, removed by stop()
         self._stopped = False
 
     @property
@@ -353,9 +360,28 @@ class PSContext:
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
         self.client.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         with PSContext._lock:
             if PSContext._active is self:
                 PSContext._active = None
+
+    def recovery_dir(self, name: str) -> str | None:
+        """Where `name` keeps the snapshots it recovers from after a shard restart:
+        ``spark.ps.checkpointDir`` when set (None is returned: use it); else, for an
+        embedded PS on loopback, a directory under a temp dir of this context (owner-only,
+        removed by `stop()`); else None (the shards may not write outside a checkpoint
+        directory, or run on other hosts)."""
+        if self.checkpoint_dir or not self.embedded:
+            return None
+        from ps_server.auth import is_loopback
+
+        if not is_loopback(self.address.rsplit(":", 1)[0]):
+            return None
+        with self._fit_lock:
+            if self._scratch is None:
+                self._scratch = tempfile.mkdtemp(prefix="spark-ps-recovery-")
+        return os.path.join(self._scratch, re.sub(r"[^A-Za-z0-9._-]", "_", name))
 
     def checkpoint(self, uri: str | None = None, timeout: float = 600.0) -> int:
         """Snapshot every model (weights and optimizer state); returns the version written.

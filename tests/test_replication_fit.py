@@ -122,3 +122,51 @@ def test_gbt_fit_with_a_killed_primary_grows_the_clean_trees(
     assert _structure(faulted) == _structure(clean)
     np.testing.assert_array_equal(_probs(faulted, data), _probs(clean, data))
     _assert_replicas_identical(replicated)
+
+
+def test_lr_fit_with_both_replicas_of_a_shard_killed_recovers_by_default(
+    spark, replicated, monkeypatch
+):
+    """Backup and primary of shard 1 SIGKILLed together mid-fit (no checkpoint directory):
+    nothing holds the shard's state, so it restarts empty and the fit recovers as on an
+    unreplicated PS (spark_ps.ml._recovery): from the iterate held at iteration 10, or
+    from the start. Within 1e-6 of the clean fit (see tests/test_default_recovery.py)."""
+    from ps_server.proto import ps_pb2 as pb
+    from ps_server.proto import ps_pb2_grpc as pb_grpc
+
+    df = _dense_df(spark, n=800, d=6, seed=9)
+    lr = LogisticRegression(maxIter=100, regParam=0.01, tol=1e-10)
+    clean = lr.fit(df)
+    _wait_for_backups(replicated)
+    original, seen, killed = _job.PSJob.command, [0], []
+
+    def command(self, name, **payload):
+        r = original(self, name, **payload)
+        if name == "grad":
+            seen[0] += 1
+            if seen[0] == 5:
+                client = replicated.client
+                client.refresh()
+                stub = pb_grpc.ShardStub(client._channel(client.backups[1]))
+                backup = stub.Health(pb.Empty(), metadata=client._md, timeout=30).pid
+                primary = client.health()[1].pid
+                before = client.shard_restarts()
+                os.kill(backup, signal.SIGKILL)
+                os.kill(primary, signal.SIGKILL)
+                killed.extend([backup, primary])
+                deadline = time.monotonic() + 60
+                while client.shard_restarts() == before:
+                    assert time.monotonic() < deadline, "shard 1 was not restarted"
+                    time.sleep(0.05)
+        return r
+
+    monkeypatch.setattr(_job.PSJob, "command", command)
+    before = replicated.metrics()
+    faulted = lr.fit(df)
+    assert len(killed) == 2
+    after = {k: v - before.get(k, 0) for k, v in replicated.metrics().items()}
+    assert after["restart"] == 1 and after["restore"] == 1
+    np.testing.assert_allclose(
+        faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-6
+    )
+    assert faulted.intercept == pytest.approx(clean.intercept, abs=1e-6)

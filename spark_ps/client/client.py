@@ -602,14 +602,20 @@ class PSClient:
         ]
 
     def checkpoint(
-        self, uri: str, version: int, meta: dict | None = None, restarts: int | None = None
+        self,
+        uri: str,
+        version: int,
+        meta: dict | None = None,
+        restarts: int | None = None,
+        prefix: str = "",
     ) -> int:
         """Snapshot every shard, then seal the version with a manifest. Returns bytes written.
 
         Once sealed, older versions beyond the newest `checkpoint_keep` and torn ones older
         than it are deleted (``ps_server.checkpoint.prune``).
 
-        `meta` goes into the manifest. The version is sealed only if no shard restarted
+        `prefix`: only models whose name starts with it. `meta` goes into the manifest.
+        The version is sealed only if no shard restarted
         since the restart count was `restarts` (default: now) — a restarted shard answers
         from an older state, so its file would not match the others'; the version is then
         left torn and never loaded.
@@ -619,7 +625,10 @@ class PSClient:
         restarts = self.shard_restarts() if restarts is None else restarts
         resps = self._fanout(
             "Checkpoint",
-            [(s, pb.CheckpointRequest(uri=uri, version=version)) for s in range(self.num_shards)],
+            [
+                (s, pb.CheckpointRequest(uri=uri, version=version, prefix=prefix))
+                for s in range(self.num_shards)
+            ],
         )
         if self.shard_restarts() != restarts:
             raise PSError(

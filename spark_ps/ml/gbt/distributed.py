@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, _latest, best_effort
 from spark_ps.ml._progress import Progress
-from spark_ps.ml._recovery import FitRecovery
+from spark_ps.ml._recovery import FitRecovery, redo_on_restart
 from spark_ps.ml.base import PreparedData, densified
 from spark_ps.ml.gbt import boost_worker
 from spark_ps.ml.gbt.boost_worker import early_stop, tree_topic
@@ -65,12 +65,16 @@ def _snapshot(state: dict) -> dict:
     return {k: list(v) if isinstance(v, list) else v for k, v in state.items()}
 
 
-def _thresholds(job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p) -> list:
-    """Merge every partition's value summary on the PS, then MLlib's split candidates."""
+def _thresholds(
+    job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p, name: str = ""
+) -> list:
+    """Merge every partition's value summary on the PS, then MLlib's split candidates (the
+    summaries' tensors named under `name`, default the job's topic)."""
     max_bins = min(p.maxBins, n_rows)
     wexp = weight_exponent(max_w, n_rows)
-    counts = PSMatrix.sparse(2, name=f"{job.topic}/sketch-counts", dtype="int64", context=ps)
-    values = PSMatrix.sparse(2, name=f"{job.topic}/sketch-values", context=ps)
+    name = name or job.topic
+    counts = PSMatrix.sparse(2, name=f"{name}/sketch-counts", dtype="int64", context=ps)
+    values = PSMatrix.sparse(2, name=f"{name}/sketch-values", context=ps)
     try:
         job.call(
             "sketch",
@@ -129,8 +133,9 @@ def _check_meta(job: PSJob, meta: np.ndarray) -> None:
         )
 
 
-def _prepare(job: PSJob, ps, p) -> dict:
-    """Set-up rounds: row counts, the merged sketch -> thresholds, binning; the boost command."""
+def _prepare(job: PSJob, ps, p, attempt: int = 0) -> dict:
+    """Set-up rounds: row counts, the merged sketch -> thresholds, binning; the boost command.
+    `attempt` > 0: redone after a shard restart (`redo_on_restart`), under fresh names."""
     nw = job.num_workers
     t0 = time.perf_counter()
     classification = get_loss(p.lossType).is_classification
@@ -141,7 +146,8 @@ def _prepare(job: PSJob, ps, p) -> dict:
     _check_meta(job, meta)
     n_rows, max_w = int(meta[:, 0].sum()), float(meta[:, 2].max())
     n_features = int(meta[:, 3].max())
-    thresholds = [t.tolist() for t in _thresholds(job, ps, n_rows, n_features, max_w, p)]
+    name = f"{job.topic}/redo{attempt}" if attempt else job.topic
+    thresholds = [t.tolist() for t in _thresholds(job, ps, n_rows, n_features, max_w, p, name)]
     t2 = time.perf_counter()
     wexp = weight_exponent(max_w, n_rows)
     _, (hi, lo) = job.call("bin", thresholds=thresholds, loss=p.lossType, weight_exp=wexp)
@@ -219,8 +225,8 @@ def train_gbt(
         )
         ps.fit_started(recovery)
         try:
-            try:
-                cmd = _prepare(job, ps, p)
+            try:  # a shard restart during the set-up rounds: they are redone
+                cmd = redo_on_restart(job, job.name, lambda n: _prepare(job, ps, p, n))
             except Exception as e:  # bad rows (or an empty input) may have ended the job
                 job.stop(raise_errors=False)  # it holds the task slots check_rows needs
                 if check_rows is not None:

@@ -37,7 +37,7 @@ from spark_ps.ml.lr.objective import (
     initial_point,
     original_space,
 )
-from spark_ps.ml.lr.optim import minimize_lbfgs
+from spark_ps.ml.lr.optim import WARM, minimize_lbfgs, warm_state
 from spark_ps.ml.lr.ps_space import PSVecSpace
 from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 from spark_ps.models import PSMatrix, PSVector
@@ -52,6 +52,9 @@ _IDENTITY_LIMIT = 1 << 16  # vector input up to this size: PS vector ids are the
 # touch, numbers its keys in a dense PS vector (8 bytes a feature) instead of a hash index.
 _DENSE_KEYSET_LIMIT = 1 << 25
 _DENSE_KEYSET_PER_KEY = 64
+# Up to this many keys the driver holds a copy of the iterate (8 bytes a key) to resume from
+# after a shard restart; above, a restart starts the fit over unless PS checkpoints are on.
+_HELD_LIMIT = 1 << 27
 # Where the evaluations' time goes (driver wall seconds; worker means), kept with the phases.
 _EVAL_PARTS = ("eval offset", "eval round", "eval reduce", "eval finish")
 _WORKER_PARTS = ("worker pull", "worker compute", "worker push+contribute")
@@ -191,10 +194,16 @@ class _KeySpace:
 
 
 def _key_space(
-    job: PSJob, ps, prepared: PreparedData, phases: _Phases | None = None, identity: bool = False
+    job: PSJob,
+    ps,
+    prepared: PreparedData,
+    phases: _Phases | None = None,
+    identity: bool = False,
+    prefix: str | None = None,
 ) -> _KeySpace:
     """Dimension and compact key numbering of the data (``identity``: skip the numbering
-    for vector input up to ``_IDENTITY_LIMIT`` features; ``keyset`` is then None)."""
+    for vector input up to ``_IDENTITY_LIMIT`` features; ``keyset`` is then None), the
+    key set named under `prefix` (default: the job's topic)."""
     phases = phases or _Phases(time.perf_counter())
     nw = job.num_workers
     _, out = job.call("dims", num_workers=nw)
@@ -216,7 +225,7 @@ def _key_space(
     dense_ids = prepared.features_kind != "keys" and (
         num_features <= min(_DENSE_KEYSET_LIMIT, _DENSE_KEYSET_PER_KEY * int(out[:, 5].sum()))
     )
-    name = f"{job.topic}/keyset"
+    name = f"{prefix or job.topic}/keyset"
     keyset = None
     if dense_ids:
         try:
@@ -228,12 +237,16 @@ def _key_space(
             dense_ids = False
     if keyset is None:
         keyset = PSVector.sparse(max(num_features, 1), name=name, context=ps)
-    job.call("keys", keyset=keyset.name)
-    counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    res = ps.client.call(
-        "keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets]
-    )
+    try:
+        job.call("keys", keyset=keyset.name)
+        counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        res = ps.client.call(
+            "keyspace.number", [keyset.spec], arrays=[[np.array([o])] for o in offsets]
+        )
+    except BaseException:  # e.g. a shard restarted: the fit starts over under new names
+        best_effort("dropping the key set", keyset.drop)
+        raise
     touched = np.concatenate([a[0] for _, a in res]).astype(np.int64) if dense_ids else None
     phases.mark("key numbering")
     return _KeySpace(keyset, int(sum(counts)), num_features, dense, touched)
@@ -244,12 +257,13 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
 
     The solver runs over the K keys the data touches (an untouched feature has zero
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
-    however large the key space, and the driver holds none of them.
+    however large the key space, and the driver holds none of them (but, to survive a
+    shard restart without PS checkpoints, a copy of the iterate every
+    ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`).
     """
     phases = _Phases(time.perf_counter())
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)
-    fit_intercept = bool(params["fitIntercept"])
     job = PSJob(
         ps,
         prepared.df,
@@ -261,28 +275,44 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     with job:
         interval = params.get("checkpointInterval", -1)
         recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-        ks = _key_space(job, ps, prepared, phases, identity=True)
-        space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic)
+        built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
+        stamps: list[float] = []  # iteration timestamps, over every attempt
+
+        def attempt(resume: dict | None) -> TrainResult:
+            if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
+                _release(built)
+                _set_up(built, job, ps, prepared, params, phases, recovery.prefix)
+            if "result" in built:
+                return built["result"]
+            return _solve(built, stamps, params, phases, recovery, resume)
+
         try:
-            return _solve(job, space, ks, prepared.label_col, params, phases, recovery)
+            return recovery.run(attempt)
         finally:  # clean-up must not hide the fit's own error (see best_effort)
-            best_effort("releasing the solver's PS vectors", space.release_all)
-            if ks.keyset is not None:
-                best_effort("dropping the key set", ks.keyset.drop)
+            _release(built)
 
 
-def _solve(
-    job: PSJob,
-    space: PSVecSpace,
-    ks: _KeySpace,
-    label_col: str,
-    params: dict,
-    phases: _Phases,
-    recovery: FitRecovery,
-) -> TrainResult:
-    t_start, fit_intercept = phases.start, bool(params["fitIntercept"])
-    k = ks.size
-    fit = _Fit(job, space, fit_intercept, ks, label_col)
+def _release(built: dict) -> None:
+    """Drop a set-up's PS vectors and key set (best effort: a shard may have restarted)."""
+    if "space" in built:
+        best_effort("releasing the solver's PS vectors", built["space"].release_all)
+    ks = built.get("ks")
+    if ks is not None and ks.keyset is not None:
+        best_effort("dropping the key set", ks.keyset.drop)
+    built.clear()
+
+
+def _set_up(
+    built: dict, job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix: str
+) -> None:
+    """Key space, statistics and the solver's constant vectors and start point, named under
+    `prefix`, into `built` as they are made (so a failure half-way releases what exists);
+    built["result"] when the labels decide the model (one class only)."""
+    fit_intercept = bool(params["fitIntercept"])
+    built["ks"] = _key_space(job, ps, prepared, phases, identity=True, prefix=prefix)
+    ks = built["ks"]
+    space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix)
+    fit = built["fit"] = _Fit(job, space, fit_intercept, ks, prepared.label_col)
     mean, std, label_weight = fit.stats()
     phases.mark("statistics")
     if fit_intercept and np.count_nonzero(label_weight) == 1:
@@ -290,13 +320,15 @@ def _solve(
             "all labels are %s and fitIntercept=true: coefficients are 0", int(label_weight[1] > 0)
         )
         b = math.inf if label_weight[1] > 0 else -math.inf
-        return _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
+        built["result"] = _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
+        return
     mask = fit.coef_mask()
-    box = None
+    box = built["box"] = None
     if any(params.get(name) is not None for name in BOUND_PARAMS):
         keys, ids = ks.touched()
-        box = box_of(params, ks.num_features, keys, ids, std.pull(np.arange(k)), fit_intercept)
-    vecs = build_lr_vectors(
+        stds = std.pull(np.arange(ks.size))
+        box = built["box"] = box_of(params, ks.num_features, keys, ids, stds, fit_intercept)
+    built["vecs"] = build_lr_vectors(
         space,
         mean,
         std,
@@ -307,11 +339,28 @@ def _solve(
         fit_intercept=fit_intercept,
         center=box is None or box.center,
     )
-    x = space.new("x")
+    x = built["x"] = space.new("x")
     initial_point(space, x, mask, label_weight, fit_intercept)
     phases.mark("solver vectors")
 
-    stamps: list[float] = []
+
+def _solve(
+    built: dict,
+    stamps: list[float],
+    params: dict,
+    phases: _Phases,
+    recovery: FitRecovery,
+    resume: dict | None,
+) -> TrainResult:
+    """Run the solver from `built`'s start point, or from `resume` (a rollback's state),
+    then read the coefficients back."""
+    t_start, fit_intercept = phases.start, bool(params["fitIntercept"])
+    ks, space, fit, vecs = built["ks"], built["space"], built["fit"], built["vecs"]
+    k = ks.size
+    x = built["x"]
+    if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
+        x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
+
     evaluate = fit.objective(vecs)
 
     def timed_evaluate(x, g) -> float:
@@ -327,56 +376,54 @@ def _solve(
         stamps.append(time.perf_counter() - t_start)
         bar.update(info.iteration, loss=info.value)
 
-    def solve(resume: dict | None) -> TrainResult:
-        if box is not None:  # a rollback re-runs a bounded fit from its start point
-            initial_point(space, x, mask, label_weight, fit_intercept)
-            del stamps[:]
-            res = minimize_lbfgsb(
-                space,
-                timed_evaluate,
-                x,
-                box,
-                max_iter=params["maxIter"],
-                tol=params["tol"],
-                m=10,
-                callback=progress,
-            )
-        else:
-            res = minimize_lbfgs(
-                space,
-                timed_evaluate,
-                x,
-                max_iter=params["maxIter"],
-                tol=params["tol"],
-                m=10,
-                l1=vecs.l1_weight,
-                callback=progress,
-                **_resume_hooks(recovery, space, stamps, resume),
-            )
-        bar.close()
-        phases.mark("iterations")
-        log.info("evaluations: %s", {k: round(v, 3) for k, v in fit.spent.items()})
-        b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
-        coef_h, intercept = original_space(space, res.x, vecs, b)
-        keys, ids = ks.touched()
-        coef = coef_h.pull(ids) if keys.size else np.zeros(0)
-        result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
-        result.iteration_timestamps = stamps
-        phases.mark("coefficients")
-        result.phases = {**phases.seconds, **{k: round(v, 4) for k, v in fit.spent.items()}}
-        return result
-
-    return recovery.run(solve)
+    if built.get("box") is not None:  # after a restart: the fit starts over from set-up
+        del stamps[:]
+        res = minimize_lbfgsb(
+            space,
+            timed_evaluate,
+            x,
+            built["box"],
+            max_iter=params["maxIter"],
+            tol=params["tol"],
+            m=10,
+            callback=progress,
+        )
+    else:
+        res = minimize_lbfgs(
+            space,
+            timed_evaluate,
+            x,
+            max_iter=params["maxIter"],
+            tol=params["tol"],
+            m=10,
+            l1=vecs.l1_weight,
+            callback=progress,
+            **_resume_hooks(recovery, space, stamps, resume),
+        )
+    bar.close()
+    phases.mark("iterations")
+    log.info("evaluations: %s", {k: round(v, 3) for k, v in fit.spent.items()})
+    built["x"] = res.x  # the solver's working vectors were swapped: release the live one
+    b = float(res.x.pull(np.array([k]))[0]) if fit_intercept else 0.0
+    coef_h, intercept = original_space(space, res.x, vecs, b)
+    keys, ids = ks.touched()
+    coef = coef_h.pull(ids) if keys.size else np.zeros(0)
+    result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+    result.iteration_timestamps = list(stamps)
+    phases.mark("coefficients")
+    result.phases = {**phases.seconds, **{k: round(v, 4) for k, v in fit.spent.items()}}
+    return result
 
 
 def _resume_hooks(recovery: FitRecovery, space: PSVecSpace, stamps: list, resume) -> dict:
     """minimize_lbfgs's checkpoint hook, and its resume point after a shard restart
     (iteration timestamps past that point are dropped: those iterations are redone)."""
-    if resume is not None:
-        del stamps[len(resume["history"]) :]
+    del stamps[len(resume["history"]) if resume is not None else 0 :]
 
     def checkpoint(boundary: int, snapshot) -> None:
         recovery.boundary(boundary, lambda: snapshot(lambda v: v.name))
+        if space.dim <= _HELD_LIMIT:
+            recovery.hold(boundary, lambda: warm_state(snapshot, lambda v: v.pull()))
 
     return {
         "checkpoint": checkpoint,

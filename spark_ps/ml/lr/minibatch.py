@@ -17,7 +17,9 @@ the coordinator's clock table:
 A worker that has walked its whole partition leaves the epoch's clock table, and so does
 one whose executor is lost (the JVM bridge's listener removes ``executor:<id>/...``
 workers), so nobody waits for it. Epochs are always synchronized through the round board.
-Pushes are at-least-once (a replayed push after a retry is applied again). Features are
+Pushes are at-least-once (a replayed push after a retry is applied again). A PS shard
+that restarts during the fit makes it start over (set-up and epochs; the optimizer's
+state lives only on the PS). Features are
 not standardized. L2 (``regParam * (1 - elasticNetParam)``) enters
 the gradient of the touched weights; FTRL also takes the L1 part in its proximal step.
 """
@@ -32,6 +34,7 @@ import numpy as np
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
+from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr import distributed as full_batch
 from spark_ps.ml.lr.estimator import TrainResult, register_trainer
@@ -65,11 +68,8 @@ def _check_slots(prepared: PreparedData, staleness: int) -> None:
 def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
     """The sgd/adam/ftrl trainer: maxIter epochs, stopping early when the epoch loss
     improves by less than ``tol`` (relative)."""
-    t_start = time.perf_counter()
-    staleness = int(params.get("staleness", 0))
-    _check_slots(prepared, staleness)
+    _check_slots(prepared, int(params.get("staleness", 0)))
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    fit_intercept = bool(params["fitIntercept"])
     solver, opt = _optimizer(params)
     l2 = 0.0 if solver == "ftrl" else float(params["regParam"]) * (1 - params["elasticNetParam"])
     job = PSJob(
@@ -81,48 +81,66 @@ def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
         name=f"LogisticRegression(solver={solver}, maxIter={params['maxIter']})",
     )
     with job:
-        ks = full_batch._key_space(job, ps, prepared)
+        # a shard restart starts the fit over (set-up and epochs) under fresh names: the
+        # optimizer's state lives only on the PS (see spark_ps.ml._recovery)
+        recovery = FitRecovery(job, -1, ps_state=True, what=job.name)
+        return recovery.run(
+            lambda _resume: _epochs(job, ps, prepared, params, recovery.prefix, solver, opt, l2)
+        )
+
+
+def _epochs(job, ps, prepared, params, prefix: str, solver: str, opt: dict, l2: float):
+    """Set-up and every epoch of one attempt of the fit, its tensors named under `prefix`."""
+    t_start, base = time.perf_counter(), job.round  # rounds before this attempt
+    staleness = int(params.get("staleness", 0))
+    fit_intercept = bool(params["fitIntercept"])
+    ks = full_batch._key_space(job, ps, prepared, prefix=prefix)
+    try:
         dim = ks.size + int(fit_intercept)
         model = PSVector.dense(
-            max(dim, 1), name=f"{job.topic}/model", optimizer=solver, context=ps, **opt
+            max(dim, 1), name=f"{prefix}/model", optimizer=solver, context=ps, **opt
         )
-        try:
-            history, stamps = [], []
-            bar = Progress(
-                f"spark-ps LogisticRegression ({solver})", int(params["maxIter"]), unit="epoch"
+    except BaseException:
+        best_effort("dropping the key set", ks.keyset.drop)
+        raise
+    try:
+        history, stamps = [], []
+        bar = Progress(
+            f"spark-ps LogisticRegression ({solver})", int(params["maxIter"]), unit="epoch"
+        )
+        for epoch in range(int(params["maxIter"])):
+            _, (loss, wsum) = job.call(
+                "epoch",
+                keyset=ks.keyset.name,
+                model=model.name,
+                dim=dim,
+                fit_intercept=fit_intercept,
+                l2=l2,
+                batch_size=int(params["batchSize"]),
+                seed=int(epoch),
+                staleness=staleness,
+                num_workers=prepared.num_workers,
+                clock_timeout=CLOCK_TIMEOUT,
+                round_base=base,
             )
-            for epoch in range(int(params["maxIter"])):
-                _, (loss, wsum) = job.call(
-                    "epoch",
-                    keyset=ks.keyset.name,
-                    model=model.name,
-                    dim=dim,
-                    fit_intercept=fit_intercept,
-                    l2=l2,
-                    batch_size=int(params["batchSize"]),
-                    seed=int(epoch),
-                    staleness=staleness,
-                    num_workers=prepared.num_workers,
-                    clock_timeout=CLOCK_TIMEOUT,
-                )
-                history.append(loss / wsum)
-                stamps.append(time.perf_counter() - t_start)
-                bar.update(epoch + 1, loss=history[-1])
-                if len(history) > 1 and abs(history[-2] - history[-1]) <= params["tol"] * abs(
-                    history[-2]
-                ):
-                    break
-            bar.close()
-            keys, ids = ks.touched()
-            w = model.pull()
-            intercept = float(w[ks.size]) if fit_intercept else 0.0
-            coef = w[ids] if keys.size else np.zeros(0)
-            result = full_batch._result(ks, keys, coef, intercept, history, len(history))
-            result.iteration_timestamps = stamps
-            return result
-        finally:  # clean-up must not hide the fit's own error (see best_effort)
-            best_effort("dropping the model", model.drop)
-            best_effort("dropping the key set", ks.keyset.drop)
+            history.append(loss / wsum)
+            stamps.append(time.perf_counter() - t_start)
+            bar.update(epoch + 1, loss=history[-1])
+            if len(history) > 1 and abs(history[-2] - history[-1]) <= params["tol"] * abs(
+                history[-2]
+            ):
+                break
+        bar.close()
+        keys, ids = ks.touched()
+        w = model.pull()
+        intercept = float(w[ks.size]) if fit_intercept else 0.0
+        coef = w[ids] if keys.size else np.zeros(0)
+        result = full_batch._result(ks, keys, coef, intercept, history, len(history))
+        result.iteration_timestamps = stamps
+        return result
+    finally:  # clean-up must not hide the fit's own error (see best_effort)
+        best_effort("dropping the model", model.drop)
+        best_effort("dropping the key set", ks.keyset.drop)
 
 
 for _solver in ("sgd", "adam", "ftrl"):

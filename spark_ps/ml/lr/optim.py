@@ -25,7 +25,7 @@ import numpy as np
 
 from spark_ps.ml.lr.vecspace import VecSpace
 
-__all__ = ["minimize_lbfgs", "MinimizeResult", "IterationInfo"]
+__all__ = ["minimize_lbfgs", "MinimizeResult", "IterationInfo", "WARM", "warm_state"]
 
 V = TypeVar("V")
 
@@ -429,7 +429,11 @@ def minimize_lbfgs(
         ``snapshot(name_of)`` returns the solver state (see ``resume``).
     resume : (state, handle_of), optional
         Go on from a ``snapshot`` instead of ``x0``; ``handle_of(name)`` gives the
-        vector of that name, already restored to its value at that boundary.
+        vector of that name, already restored to its value at that boundary. A `state`
+        with the key ``WARM`` (see :func:`warm_state`) is a warm restart instead: ``x0``
+        holds the iterate of that boundary, its value and gradient are evaluated again
+        and the curvature history starts empty (the loop's counters and objective
+        history go on from `state`).
     """
     if int(m) != m or m < 1:
         raise ValueError(f"minimize_lbfgs: m must be a positive integer, got {m!r}")
@@ -438,10 +442,14 @@ def minimize_lbfgs(
     if not tol >= 0:
         raise ValueError(f"minimize_lbfgs: tol must be >= 0, got {tol!r}")
     st = _Solver(space, evaluate, x0, int(m), l1)
-    if resume is None:
+    if resume is None or WARM in resume[0]:
         st.start()
         f_init, fvals, history = st.adj_f, [math.inf], [st.adj_f]
         failed_once = search_failed = False
+        if resume is not None:  # x0 holds the iterate of a boundary; the history is empty
+            held = resume[0]
+            f_init, fvals, history = held["f_init"], list(held["fvals"]), list(held["history"])
+            st.iter, st.n_evals = int(held["iter"]), st.n_evals + int(held["n_evals"])
     else:
         loop = st.restore(*resume)
         f_init, fvals, history = loop["f_init"], list(loop["fvals"]), list(loop["history"])
@@ -477,6 +485,18 @@ def minimize_lbfgs(
         space.release(h)
     st.reset_history()
     return MinimizeResult(st.x, st.adj_f, st.gnorm, st.iter, st.n_evals, reason, history)
+
+
+#: The key of a :func:`warm_state`: the iterate's values themselves, not a vector name.
+WARM = "x_values"
+
+
+def warm_state(snapshot: Callable[[Callable], dict], read: Callable[[Any], Any]) -> dict:
+    """What a warm restart needs from a ``checkpoint`` hook's `snapshot`: the iterate's
+    values (``read(x)``) and the loop's counters, without the curvature history."""
+    state = snapshot(lambda v: v)
+    keep = ("f_init", "fvals", "history", "iter", "n_evals")
+    return {WARM: read(state["x"]), **{k: state[k] for k in keep}}
 
 
 def _iterate(st: _Solver) -> float:

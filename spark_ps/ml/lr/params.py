@@ -36,7 +36,9 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
     additions below are ours and never change the meaning of an MLlib Param.
     ``checkpointInterval`` is the shared pyspark Param (as on MLlib's tree ensembles): the
     lbfgs solver checkpoints the PS every that many iterations when
-    ``spark.ps.checkpointDir`` is set (-1: never), so a fit survives a shard restart.
+    ``spark.ps.checkpointDir`` is set, and otherwise keeps a copy of its iterate on the
+    driver that often (-1: never; a shard restart then starts the fit over). Either way a
+    fit survives a shard restart (``spark_ps.ml._recovery``).
     """
 
     solver: Param[str] = Param(

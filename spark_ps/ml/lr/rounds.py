@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from spark_ps.data import iter_minibatches, read_partition
-from spark_ps.ml._job import WorkerContext
+from spark_ps.ml._job import WorkerContext, best_effort
 from spark_ps.ml.lr.objective import feature_stats, loss_and_grad
 
 if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
@@ -79,10 +79,26 @@ def _epoch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     unless ASP, ticks this worker's clock (waiting while it is too far ahead)."""
     cids, clocal = compact(ctx, cmd["keyset"])
     model, last = ctx.tensor(cmd["model"]), cmd["dim"] - 1
+    # rounds counted from the fit's attempt (`round_base`): a fit started over after a
+    # shard restart shuffles as the clean fit did
+    at = round_ - int(cmd.get("round_base", 0))
+    seed = (cmd["seed"] * 1_000_003 + at * 7919 + ctx.part) & 0x7FFFFFFF
+    clock = _Clock(ctx, round_, cmd) if cmd["staleness"] != ASP else None
+    try:
+        loss_sum, weight_sum = _walk(cmd, cids, clocal, model, last, seed, clock)
+    except BaseException:  # e.g. a shard restarted: the others must not wait for this one
+        if clock is not None:
+            best_effort("leaving the epoch's clock table", clock.leave)
+        raise
+    if clock is not None:
+        clock.leave()
+    ctx.contribute(round_, [loss_sum, weight_sum])
+
+
+def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
+    """The mini-batches of one epoch: (loss sum, weight sum)."""
     fit_intercept, l2 = cmd["fit_intercept"], cmd["l2"]
     loss_sum = weight_sum = 0.0
-    seed = (cmd["seed"] * 1_000_003 + round_ * 7919 + ctx.part) & 0x7FFFFFFF
-    clock = _Clock(ctx, round_, cmd) if cmd["staleness"] != ASP else None
     batches = iter_minibatches(clocal, cmd["batch_size"], shuffle=True, seed=seed)
     for c, mb in enumerate(batches, start=1):
         keys, loc = mb.localize()
@@ -98,9 +114,7 @@ def _epoch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
             loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
         if clock is not None:
             clock.tick(c)
-    if clock is not None:
-        clock.leave()
-    ctx.contribute(round_, [loss_sum, weight_sum])
+    return loss_sum, weight_sum
 
 
 def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:

@@ -7,13 +7,23 @@ increments (:mod:`spark_ps.ml.online.worker`). It then commits the batch on the 
 PS checkpoints carry. A replayed batch id already in the ledger on every shard is skipped;
 one in the ledger of some shards only (the driver died mid-commit) is committed on the
 others from the contributions they still hold; any other replay recomputes and replaces
-its contributions. With ``spark.ps.checkpointDir`` set, the PS is snapshotted after the
-commit and before Spark logs the batch done, so a PS restored from its newest checkpoint
-is never behind the query's checkpointLocation.
+its contributions. Every ``psCheckpointInterval`` batches (default: every batch) the
+model is snapshotted after the commit and before Spark logs the batch done, so a snapshot
+is never behind the query's checkpointLocation: with ``spark.ps.checkpointDir`` set the
+whole PS goes there; without it (an embedded loopback PS) only this model's tensors go to
+a temp dir of the PSContext (``PSContext.recovery_dir``).
+
+A shard that restarts (empty, or from an older checkpoint) is noticed by its restart count,
+during a batch or between batches: the learner restores the model's tensors on every shard
+from its newest snapshot (the state after the previous batch) and learns the batch again,
+so a SIGKILLed shard costs one batch's work, not the fit. With ``psCheckpointInterval``
+above 1 the snapshot may be older than batches Spark already logged: the batch then fails
+with an error naming the batches lost.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
@@ -25,7 +35,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from ps_server.checkpoint import latest_version
 from spark_ps.context import PSContext
+from spark_ps.ml._recovery import MAX_RESTORES
 from spark_ps.ml.base import _check_numeric, _check_values_col, _quote, features_kind
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.online.metrics import RunningMetrics, observed_metrics
@@ -82,6 +94,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         self._running = RunningMetrics()
         self._history: list[dict] = []
         self._committed = 0
+        self._seen: int | None = None  # shard restart count the model's PS state matches
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> OnlineLogisticRegression:
@@ -130,6 +143,8 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
                 weight_col=self._optional(self.weightCol),
                 values_col=self._optional(self.featureValuesCol),
             )
+            self._seen = ps.client.shard_restarts()
+            self._first_snapshot(ps)
         return self._cfg
 
     def warmStart(self, model: LogisticRegressionModel) -> OnlineLogisticRegression:
@@ -164,6 +179,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             z = np.append(z, -self._initial.intercept * cfg.beta / cfg.alpha)
         cfg.state.update(keys, np.column_stack([z, np.zeros_like(z)]))
         log.info("warm start: %d weights from %s", keys.size, self._initial.uid)
+        self._first_snapshot(ps, again=True)
 
     # ------------------------------------------------------------------ the stream
     def learningStream(self, dataset: DataFrame) -> DataFrame:
@@ -217,10 +233,36 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
     # ------------------------------------------------------------------ per micro-batch
     def processBatch(self, batch: DataFrame, batch_id: int) -> None:
         """The ``foreachBatch`` function: learn from ``batch`` (a :py:meth:`learningStream`
-        micro-batch) and commit it exactly once."""
+        micro-batch) and commit it exactly once; a shard restart during it restores the
+        model from its newest snapshot and learns the batch again."""
         ps = PSContext.getOrCreate(batch.sparkSession)
-        cfg = self._config(ps)
-        restarts = ps.client.shard_restarts()
+        self._config(ps)
+        for attempt in range(MAX_RESTORES + 1):
+            self._recover(ps)
+            restarts = self._seen = ps.client.shard_restarts()
+            kept = len(self._history), copy.deepcopy(self._running)
+            try:
+                return self._learn(ps, batch, int(batch_id), restarts)
+            except SimulatedCrash:
+                raise
+            except Exception as e:
+                if attempt == MAX_RESTORES or ps.client.shard_restarts() == restarts:
+                    raise
+                if not self._snapshot_uri(ps):
+                    raise
+                del self._history[kept[0] :]
+                self._running = kept[1]
+                log.warning(
+                    "micro-batch %d of model %r: a PS shard restarted (%s); restoring the model "
+                    "from its newest snapshot and learning the batch again",
+                    batch_id,
+                    self._name(),
+                    str(e)[:300],
+                )
+
+    def _learn(self, ps: PSContext, batch: DataFrame, batch_id: int, restarts: int) -> None:
+        """One attempt at a micro-batch: learn, commit, snapshot."""
+        cfg = self._cfg
         sc = batch.sparkSession.sparkContext
         tag = _query_tag(sc.getLocalProperty("sql.streaming.queryId"))
         status, parts = self._status(int(batch_id), tag)
@@ -259,12 +301,54 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         self._check_restarts(ps, restarts, int(batch_id))  # one restarted during the commit
         self._committed += 1
         interval = int(self.getOrDefault("psCheckpointInterval"))
-        if ps.checkpoint_dir and interval and self._committed % interval == 0:
-            # sealed only if no shard restarted since the batch began (else a torn snapshot)
-            ps.client.checkpoint(
-                ps.checkpoint_dir, ps.next_version(ps.checkpoint_dir), restarts=restarts
-            )
+        if interval and self._committed % interval == 0:
+            self._snapshot(ps, restarts)
         _chaos("after_commit", batch_id)
+
+    # ------------------------------------------------------------------ snapshots
+    def _snapshot_uri(self, ps: PSContext) -> str:
+        """Where the model's snapshots go: spark.ps.checkpointDir (the whole PS), else the
+        context's recovery dir (this model only), else "" (none: see recovery_dir)."""
+        if ps.checkpoint_dir:
+            return ps.checkpoint_dir
+        return ps.recovery_dir(f"online-{self._name()}") or ""
+
+    def _prefix(self, ps: PSContext) -> str:
+        return "" if ps.checkpoint_dir else f"online/{self._name()}/"
+
+    def _first_snapshot(self, ps: PSContext, again: bool = False) -> None:
+        """The model before any batch (or, `again`, as a warm start left it), unless a
+        snapshot is there already: a shard restart before the first batch restores it."""
+        uri = self._snapshot_uri(ps)
+        if uri and (again or latest_version(uri) is None):
+            self._snapshot(ps, self._seen)
+
+    def _snapshot(self, ps: PSContext, restarts: int) -> None:
+        """Snapshot the model (sealed only if no shard restarted since `restarts`)."""
+        uri = self._snapshot_uri(ps)
+        if uri:
+            version = ps.next_version(uri)
+            ps.client.checkpoint(uri, version, restarts=restarts, prefix=self._prefix(ps))
+
+    def _recover(self, ps: PSContext) -> None:
+        """If a shard restarted since the model's state was last known good, restore the
+        model's tensors on every shard from its newest snapshot."""
+        now = ps.client.shard_restarts()
+        if self._seen is None or now == self._seen:
+            return
+        uri = self._snapshot_uri(ps)
+        version = latest_version(uri) if uri else None
+        if version is None:
+            raise RuntimeError(
+                f"a PS shard restarted (restart count {self._seen} -> {now}) and model "
+                f"{self._name()!r} has no snapshot to restore (psCheckpointInterval=0, or a "
+                "PS that is not embedded on loopback without spark.ps.checkpointDir): its "
+                "weights on that shard are lost"
+            )
+        ps.client.restore(uri, version, prefix=f"online/{self._name()}/")
+        ps.client.count("restore")
+        log.warning("model %r: restored from snapshot v%d (%s)", self._name(), version, uri)
+        self._seen = now
 
     def _check_restarts(self, ps: PSContext, before: int, batch_id: int) -> None:
         """Fail the batch if a shard restarted since it began. The shard came back from a
@@ -322,11 +406,15 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
     def latestModel(self) -> LiveLogisticRegressionModel:
         """A transformer scoring with the live weights (read from the PS at transform time)."""
         cfg = self._config(PSContext.getOrCreate())
-        model = LiveLogisticRegressionModel(cfg)
+        model = LiveLogisticRegressionModel(cfg, recover=self._recover_now)
         model._set(featuresCol=cfg.features_col, labelCol=cfg.label_col)
         if cfg.values_col:
             model._set(featureValuesCol=cfg.values_col)
         return model
+
+    def _recover_now(self) -> None:
+        """Restore the model if a shard restarted since its state was last known good."""
+        self._recover(PSContext.getOrCreate())
 
     def footprint(self) -> dict:
         """PS memory of the model: keys held (features seen + intercept) and bytes."""

@@ -40,13 +40,16 @@ class LiveLogisticRegressionModel(LogisticRegressionModel):
     attributes and :py:meth:`toMLlib` use a :py:meth:`snapshot` taken when called.
     """
 
-    def __init__(self, cfg: FTRLConfig | None = None) -> None:
+    def __init__(self, cfg: FTRLConfig | None = None, recover=None) -> None:
         super().__init__()
         self._cfg = cfg
+        self._recover = recover  # restores the model after a shard restart (the learner's)
         if cfg is not None:
             self._num_features = cfg.num_features
 
     def _scoring_state(self) -> FTRLConfig:
+        if self._recover is not None:
+            self._recover()
         return self._cfg
 
     @staticmethod
@@ -69,6 +72,8 @@ class LiveLogisticRegressionModel(LogisticRegressionModel):
 
     def snapshot(self) -> LogisticRegressionModel:
         """A plain (static) LogisticRegressionModel with the current weights."""
+        if self._recover is not None:
+            self._recover()
         keys, w, intercept = snapshot_arrays(self._cfg)
         model = LogisticRegressionModel.fromCoefficients(
             w, intercept, keys=keys, numFeatures=self._cfg.num_features
