@@ -237,12 +237,17 @@ def _key_space(
 
 
 def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
-    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression.
+    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression
+    (a multinomial fit, ``params["multinomial"]``, goes to `train_lbfgs_multinomial`).
 
     The solver runs over the K keys the data touches (an untouched feature has zero
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
     however large the key space, and the driver holds none of them.
     """
+    if params.get("multinomial"):
+        from spark_ps.ml.lr.multinomial import train_lbfgs_multinomial
+
+        return train_lbfgs_multinomial(prepared, params)
     phases = _Phases(time.perf_counter())
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)
