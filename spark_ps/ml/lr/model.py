@@ -379,6 +379,8 @@ class LogisticRegressionModel(
             for p in self.params
             if self.isDefined(p) and ref.hasParam(p.name)
         }
+        if "thresholds" in params:  # MLlib refuses both at once unless they agree (binary)
+            params.pop("threshold", None)
         spark = SparkSession.active()
         if self._multinomial:
             matrix = self._class_matrix().toArray()  # dense [K, numFeatures], as MLlib trains
