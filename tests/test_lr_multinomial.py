@@ -331,7 +331,7 @@ def test_hashed_sparse_2pow20_matches_mllib(spark_ps):
     vocab = rng.choice(dim, size=3000, replace=False)
     topic = rng.dirichlet(np.full(vocab.size, 0.05), size=K)  # each class favours some tokens
     rows = []
-    for i in range(n):
+    for _ in range(n):
         c = int(rng.integers(K))
         tokens = rng.choice(vocab, size=20, p=topic[c])
         keys, counts = np.unique(tokens, return_counts=True)
