@@ -323,11 +323,13 @@ def test_nycflights_origin_matches_mllib(spark_ps, params):
 
 @pytest.mark.slow
 def test_hashed_sparse_2pow20_matches_mllib(spark_ps):
-    """Few rows of hashed tokens in 2^20 dimensions, 5 classes: the PS matrices hold only
-    the keys the rows touch; MLlib trains the dense 5 x 2^20 matrix."""
+    """Few rows of hashed tokens in 2^20 dimensions, 3 classes: the PS matrices hold only
+    the keys the rows touch; MLlib trains the dense 3 x 2^20 matrix (~5 s an iteration
+    here, hence few iterations: both walk the same path, so the iterates agree at any
+    step)."""
     spark, _ = spark_ps
     rng = np.random.default_rng(21)
-    dim, K, n = 2**20, 5, 400
+    dim, K, n = 2**20, 3, 400
     vocab = rng.choice(dim, size=3000, replace=False)
     topic = rng.dirichlet(np.full(vocab.size, 0.05), size=K)  # each class favours some tokens
     rows = []
@@ -337,10 +339,12 @@ def test_hashed_sparse_2pow20_matches_mllib(spark_ps):
         keys, counts = np.unique(tokens, return_counts=True)
         rows.append((float(c), Vectors.sparse(dim, keys.tolist(), counts.astype(float).tolist())))
     df = spark.createDataFrame(rows, ["label", "features"]).repartition(2).cache()
-    params = dict(maxIter=100, tol=1e-10, regParam=0.01)
+    params = dict(maxIter=8, tol=1e-10, regParam=0.01)
     ref = MLlibLR(**params).fit(df)
     ours = LogisticRegression(**params).fit(df)
     assert ours.numFeatures == dim and ours.numClasses == K
+    assert ours.summary.totalIterations == ref.summary.totalIterations == 8
     _assert_same_model(ours, ref, rel=1e-3)
     _assert_same_outputs(ours, ref, df, atol=1e-4)
     assert ours.summary.accuracy == pytest.approx(ref.summary.accuracy, abs=1e-9)
+    assert ours.summary.accuracy > 0.5  # the classes are learnable, not noise

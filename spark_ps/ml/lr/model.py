@@ -278,7 +278,7 @@ class LogisticRegressionModel(
         """The coefficients as shipped to executors (non-zeros only), built once per model."""
         if getattr(self, "_state", None) is None:
             if self._multinomial:
-                self._state = SoftmaxCoefficients(self._keys, self._values, self._intercepts)
+                self._state = SoftmaxCoefficients.of(self._keys, self._values, self._intercepts)
             else:
                 self._state = ScoringCoefficients.of(self._keys, self._values, self._intercept)
         return self._state

@@ -87,6 +87,15 @@ class SoftmaxCoefficients:
         self.keys, self.matrix = keys, np.asarray(matrix, dtype=np.float64)
         self.intercepts = np.asarray(intercepts, dtype=np.float64)
 
+    @classmethod
+    def of(cls, keys: np.ndarray | None, matrix: np.ndarray, intercepts: np.ndarray):
+        """Ship a dense model as its non-zero rows when fewer than half of them are."""
+        if keys is None:
+            nz = np.flatnonzero(np.any(matrix != 0.0, axis=1))
+            if nz.size * 2 < matrix.shape[0]:
+                return cls(nz.astype(np.int64), matrix[nz], intercepts)
+        return cls(keys, matrix, intercepts)
+
     def margins(self, csr: CSRBatch) -> np.ndarray:
         """``X W + b``: float64 [n, K], one sparse-dense product per batch."""
         W, cols = self.matrix, csr.indices
