@@ -303,7 +303,6 @@ class LogisticRegression(
     def _fit(self, dataset: DataFrame) -> LogisticRegressionModel:
         self._validate_params()
         self._check_supported()
-        trainer = get_trainer(self.getSolver())
         prepared = prepare_fit_data(
             dataset,
             features_col=self.getFeaturesCol(),
@@ -317,6 +316,7 @@ class LogisticRegression(
         # (null/NaN/negative) are still checked here first, with MLlib's plain ValueError.
         num_classes = self._check_labels(dataset)
         multinomial = self._check_family(num_classes)
+        trainer = get_trainer(self.getSolver())
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
         params.update(numClasses=num_classes, multinomial=multinomial)
         result = trainer(prepared, params)
