@@ -254,6 +254,7 @@ def test_constant_label_gives_mllibs_model(spark_ps):
 # --------------------------------------------------------------------------- model life
 
 
+@pytest.mark.slow  # ~40 s: eight cross-validation fits
 def test_save_load_export_pipeline_and_cross_validation(spark_ps, blobs, tmp_path):
     spark, _ = spark_ps
     model = LogisticRegression(maxIter=30, regParam=0.01, thresholds=[1, 2, 1, 1]).fit(blobs)
