@@ -226,16 +226,16 @@ def test_fit_validates_params_first(data, local_lbfgs):
 
 
 def test_unsupported_settings_fail_at_fit(spark, data, local_lbfgs):
-    with pytest.raises(NotImplementedError, match="family='multinomial'"):
-        LogisticRegression(family="multinomial").fit(data)
     bounds = DenseMatrix(1, NUM_FEATURES, [0.0] * NUM_FEATURES)
     with pytest.raises(ValueError, match="lowerBoundsOnCoefficients is set.*solver='lbfgs'"):
         LogisticRegression(lowerBoundsOnCoefficients=bounds, solver="sgd").fit(data)
-    with pytest.raises(ValueError, match="numClasses=2 .* thresholds has length 3"):
+    with pytest.raises(ValueError, match="numClasses=2, but thresholds has length 3"):
         LogisticRegression(thresholds=[0.2, 0.3, 0.5]).fit(data)
     three = data.withColumn("label", F.when(F.col("id") == 3, 2.0).otherwise(F.col("label")))
-    with pytest.raises(NotImplementedError, match="multiclass labels"):
-        LogisticRegression().fit(three)
+    with pytest.raises(ValueError, match="Binomial family only supports 1 or 2 outcome classes"):
+        LogisticRegression(family="binomial").fit(three)
+    with pytest.raises(NotImplementedError, match="multinomial fit .3 classes. needs solver"):
+        LogisticRegression(solver="sgd").fit(three)
     negative = data.withColumn("label", F.when(F.col("id") == 3, -1.0).otherwise(F.col("label")))
     with pytest.raises(ValueError, match=r"'label' \(labelCol\) has 1 negative"):
         LogisticRegression().fit(negative)

@@ -131,3 +131,13 @@ def test_bad_bounds_are_refused_by_name(tiny):
             lowerBoundsOnCoefficients=Matrices.dense(1, 2, [1.0, 0.0]),
             upperBoundsOnCoefficients=Matrices.dense(1, 2, [0.0, 1.0]),
         ).fit(tiny)
+
+
+def test_multinomial_bounds_are_refused_not_ignored(spark):
+    three = spark.createDataFrame(
+        [(float(i % 3), Vectors.dense(float(i), float(i % 5))) for i in range(30)],
+        ["label", "features"],
+    )
+    bounds = Matrices.dense(3, 2, [0.0] * 6)
+    with pytest.raises(NotImplementedError, match="binomial family only"):
+        LogisticRegression(lowerBoundsOnCoefficients=bounds).fit(three)

@@ -105,6 +105,6 @@ def test_label_errors_are_refused_before_any_ps_work(spark_ps):
     with pytest.raises(ValueError, match=r"has 3 negative or non-integer"):
         LogisticRegression(maxIter=3).fit(half)
     three = df.withColumn("label", F.when(F.col("id") == 9, 2.0).otherwise(F.col("label")))
-    with pytest.raises(NotImplementedError, match=r"multiclass labels \(max label 2.0 in column"):
-        LogisticRegression(maxIter=3).fit(three)
+    with pytest.raises(ValueError, match=r"Binomial family only supports 1 or 2 outcome classes"):
+        LogisticRegression(maxIter=3, family="binomial").fit(three)
     assert ps.client.models() == before

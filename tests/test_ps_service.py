@@ -316,3 +316,47 @@ def test_console_script_help():
         [sys.executable, "-m", "ps_server", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "--shards" in out.stdout and "spark.ps.address" in out.stdout
+
+
+def test_class_matrices_per_column_ops_match_numpy(ps):
+    """A [rows, K] space (multinomial LR): flat BLAS-1 and kernels, per-column dots and axpy,
+    a vector spread over the columns; whole rows per shard, same numbers as NumpyVecSpace."""
+    from spark_ps.ml.lr.ps_space import PSVecSpace
+    from spark_ps.ml.lr.vecspace import NumpyVecSpace
+
+    rng = np.random.default_rng(4)
+    rows, K = 1001, 4
+    space = PSVecSpace(ps, rows, prefix="classes", cols=K)
+    local = NumpyVecSpace(rows, shards=ps.num_shards, cols=K)
+    A, B = rng.normal(size=(rows, K)), rng.normal(size=(rows, K))
+    a, b = space.new("a"), space.new("b")
+    assert isinstance(a, PSMatrix) and a.spec.cols == K
+    a.update(np.arange(rows), A)
+    b.update(np.arange(rows), B)
+    la, lb = local.from_array("a", A.ravel()), local.from_array("b", B.ravel())
+    assert space.dot(a, b) == pytest.approx(float(np.sum(A * B)), rel=1e-12)
+    got = space.col_dots([(a, b)], rows=[(a, rows - 1), (b, 7)])
+    want = np.concatenate([np.einsum("ij,ij->j", A, B), A[-1], B[7]])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(local.col_dots([(la, lb)], rows=[(la, rows - 1), (lb, 7)]), want)
+    coeffs = np.array([1.0, -2.0, 0.5, 3.0])
+    space.col_axpy(coeffs, a, b)
+    local.col_axpy(coeffs, la, lb)
+    np.testing.assert_array_equal(b.pull(np.arange(rows)), B + coeffs * A)
+    np.testing.assert_array_equal(lb.reshape(rows, K), B + coeffs * A)
+    v = PSVector.dense(rows, name="classes/v")
+    values = rng.normal(size=rows)
+    v.update(np.arange(rows), values)
+    space.spread(a, v)
+    np.testing.assert_array_equal(a.pull(np.arange(rows)), np.repeat(values[:, None], K, axis=1))
+    with pytest.raises(Exception, match=r"row 1001 .* not in \[0, 1001\)"):
+        space.col_dots([], rows=[(a, rows)])
+    with pytest.raises(Exception, match="3 coefficients for 4 columns"):
+        space.col_axpy(coeffs[:3], a, b)
+    other = PSVector.dense(rows + 1, name="classes/other")
+    with pytest.raises(Exception, match="not a vector row-co-located"):
+        space.spread(a, other)
+    np.testing.assert_array_equal(a.pull(np.arange(rows)), np.repeat(values[:, None], K, axis=1))
+    for t in (v, other):
+        t.drop()
+    space.release_all()

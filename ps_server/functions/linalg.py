@@ -1,5 +1,10 @@
 """Batched BLAS-1 over co-located dense vectors: many dots, or one linear combination,
-in a single request per shard (what vector-free L-BFGS needs per iteration)."""
+in a single request per shard (what vector-free L-BFGS needs per iteration).
+
+The ``col_*`` functions and ``spread`` serve ``[rows, cols]`` dense matrices laid out row
+by row (a multinomial model: one row per feature, one column per class), whose shards
+hold whole rows: per-column dots, a per-column axpy, and a vector copied into every column.
+"""
 
 from __future__ import annotations
 
@@ -69,6 +74,66 @@ def lincombs_dots(tensors, args: dict, arrays: list[np.ndarray]):
     return {}, [np.array(out, dtype=np.float64)]
 
 
-SERVER_FUNCTIONS = {"dots": dots, "lincomb": lincomb, "lincombs_dots": lincombs_dots}
+def _columns(tensors) -> tuple[list[np.ndarray], int]:
+    """The co-located matrices as ``[rows, cols]`` views, and cols."""
+    vecs = _colocated(tensors)
+    cols = int(tensors[0].spec.cols)
+    return [v.reshape(-1, cols) for v in vecs], cols
+
+
+def col_dots(tensors, args: dict, arrays: list[np.ndarray]):
+    """Per-column partial dots of the model pairs `args["pairs"]` (``cols`` values a pair),
+    then the row `args["rows"]` ([model, row] pairs; zeros from shards not owning it)."""
+    mats, cols = _columns(tensors)
+    out = [np.einsum("ij,ij->j", mats[i], mats[j]) for i, j in args["pairs"]]
+    for i, row in args.get("rows", []):
+        spec = tensors[i].spec
+        if not 0 <= int(row) < spec.dim:
+            raise RequestError(
+                "INVALID_ARGUMENT",
+                f"col_dots: row {row} of {tensors[i].where} not in [0, {spec.dim})",
+            )
+        r = int(row) - spec.offset
+        out.append(mats[i][r] if 0 <= r < spec.length else np.zeros(cols))
+    return {}, [np.concatenate(out) if out else np.zeros(0)]
+
+
+def col_axpy(tensors, args: dict, arrays: list[np.ndarray]):
+    """models[1][:, c] += args["coeffs"][c] * models[0][:, c] for every column c."""
+    mats, cols = _columns(tensors)
+    if len(mats) != 2:
+        raise RequestError("INVALID_ARGUMENT", f"col_axpy takes 2 models, got {len(mats)}")
+    coeffs = np.asarray(args["coeffs"], dtype=np.float64)
+    if coeffs.shape != (cols,):
+        raise RequestError(
+            "INVALID_ARGUMENT", f"col_axpy: {coeffs.size} coefficients for {cols} columns"
+        )
+    mats[1] += coeffs * mats[0]
+    return {}, []
+
+
+def spread(tensors, args: dict, arrays: list[np.ndarray]):
+    """models[0] (a ``[rows, cols]`` matrix) gets the vector models[1] in every column."""
+    if len(tensors) != 2:
+        raise RequestError("INVALID_ARGUMENT", f"spread takes 2 models, got {len(tensors)}")
+    out, vec = tensors
+    if (out.spec.dim, out.spec.offset) != (vec.spec.dim, vec.spec.offset) or vec.spec.cols != 1:
+        raise RequestError(
+            "INVALID_ARGUMENT",
+            f"spread: {vec.where} is not a vector row-co-located with {out.where}",
+        )
+    cols = int(out.spec.cols)
+    out.dense_values().reshape(-1, cols)[...] = vec.dense_values()[:, None]
+    return {}, []
+
+
+SERVER_FUNCTIONS = {
+    "dots": dots,
+    "lincomb": lincomb,
+    "lincombs_dots": lincombs_dots,
+    "col_dots": col_dots,
+    "col_axpy": col_axpy,
+    "spread": spread,
+}
 #: functions that change no state (replicated shards do not forward them)
-READ_ONLY = ("dots",)
+READ_ONLY = ("dots", "col_dots")

@@ -144,7 +144,38 @@ class PSTensor:
         return self.client.vector_op(op, [self.spec, *[o.spec for o in others]], alpha, **kw)
 
 
-class PSVector(PSTensor):
+class _DenseAlgebra(PSTensor):
+    """Server-side algebra over co-located dense tensors (same dim, same shards); only
+    scalars come back. A dense matrix takes part as its flat row-major values, so vectors
+    and ``[dim, cols]`` matrices of one shape combine alike."""
+
+    def axpy(self, alpha: float, x: _DenseAlgebra) -> None:
+        """self += alpha * x."""
+        self.client.vector_op("axpy", [x.spec, self.spec], alpha)
+
+    def scale(self, alpha: float) -> None:
+        self._vop("scale", alpha)
+
+    def copy_from(self, x: _DenseAlgebra) -> None:
+        self._vop("copy", 0.0, x)
+
+    def dot(self, x: _DenseAlgebra) -> float:
+        return self._vop("dot", 0.0, x)
+
+    def nrm2(self) -> float:
+        return self._vop("nrm2")
+
+    def sum(self) -> float:
+        return self._vop("sum")
+
+    def apply(self, kernel: str, *inputs: _DenseAlgebra, **scalars: float) -> float:
+        """Run element-wise kernel `kernel` (ps_server.functions.vector) with self as output."""
+        return self.client.vector_op(
+            "kernel", [self.spec, *[i.spec for i in inputs]], kernel=kernel, **scalars
+        )
+
+
+class PSVector(_DenseAlgebra):
     """A vector: dense (range-partitioned, co-located by dim) or sparse (int64 keys)."""
 
     @classmethod
@@ -206,34 +237,8 @@ class PSVector(PSTensor):
         """A new zero vector co-located with this one (same dim, same shards)."""
         return PSVector.dense(self.spec.dim, name=name, dtype=self.spec.dtype, context=_Ctx(self))
 
-    # --- server-side algebra over co-located dense vectors: only scalars come back ---
-    def axpy(self, alpha: float, x: PSVector) -> None:
-        """self += alpha * x."""
-        self.client.vector_op("axpy", [x.spec, self.spec], alpha)
 
-    def scale(self, alpha: float) -> None:
-        self._vop("scale", alpha)
-
-    def copy_from(self, x: PSVector) -> None:
-        self._vop("copy", 0.0, x)
-
-    def dot(self, x: PSVector) -> float:
-        return self._vop("dot", 0.0, x)
-
-    def nrm2(self) -> float:
-        return self._vop("nrm2")
-
-    def sum(self) -> float:
-        return self._vop("sum")
-
-    def apply(self, kernel: str, *inputs: PSVector, **scalars: float) -> float:
-        """Run element-wise kernel `kernel` (ps_server.functions.vector) with self as output."""
-        return self.client.vector_op(
-            "kernel", [self.spec, *[i.spec for i in inputs]], kernel=kernel, **scalars
-        )
-
-
-class PSMatrix(PSTensor):
+class PSMatrix(_DenseAlgebra):
     """Rows of width `cols`: dense (rows range-partitioned) or sparse (lazy int64 rows)."""
 
     @classmethod

@@ -253,7 +253,8 @@ def _key_space(
 
 
 def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
-    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression.
+    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression
+    (a multinomial fit, ``params["multinomial"]``, goes to `train_lbfgs_multinomial`).
 
     The solver runs over the K keys the data touches (an untouched feature has zero
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
@@ -261,6 +262,16 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     shard restart without PS checkpoints, a copy of the iterate every
     ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`).
     """
+    if params.get("multinomial"):
+        from spark_ps.ml.lr.multinomial import train_lbfgs_multinomial
+
+        bounded = [n for n in BOUND_PARAMS if params.get(n) is not None]
+        if bounded:
+            raise NotImplementedError(
+                f"bound constraints ({', '.join(bounded)}) are supported for the binomial "
+                "family only; the multinomial fit would ignore them"
+            )
+        return train_lbfgs_multinomial(prepared, params)
     phases = _Phases(time.perf_counter())
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)

@@ -50,8 +50,9 @@ class TrainResult:
 
     Attributes
     ----------
-    coefficients : float64 [num_features] dense, or the values at ``keys`` when sparse.
-    intercept : the fitted intercept (0.0 when fitIntercept is False).
+    coefficients : float64 [num_features] dense, or the values at ``keys`` when sparse;
+        multinomial: float64 [num_features, K] (a row per feature), or the rows of ``keys``.
+    intercept : the fitted intercept (0.0 when fitIntercept is False); multinomial: float64 [K].
     objective_history : objective at each iteration, the initial state first (MLlib's).
     total_iterations : iterations run.
     keys : sorted unique int64 feature ids for a sparse model, else None.
@@ -66,6 +67,7 @@ class TrainResult:
     num_features: int | None = None
     iteration_timestamps: Sequence[float] | None = None  # seconds since the fit started
     phases: dict[str, float] | None = None  # seconds per set-up phase (trainers that time them)
+    num_classes: int | None = None  # K for a multinomial result, None for a binomial one
 
 
 Trainer = Callable[[PreparedData, dict[str, Any]], TrainResult]
@@ -75,7 +77,9 @@ _TRAINERS: dict[str, Trainer] = {}
 def register_trainer(solver: str, trainer: Trainer | None) -> Trainer | None:
     """Make ``trainer(prepared, params) -> TrainResult`` fit ``solver``; returns the previous.
 
-    ``params`` maps every defined Param name to its value. Passing None unregisters.
+    ``params`` maps every defined Param name to its value, plus ``numClasses`` (K, from
+    the label column) and ``multinomial`` (the family MLlib's rules pick). A trainer that
+    cannot fit a multinomial model raises NotImplementedError. Passing None unregisters.
     """
     if solver not in SOLVERS:
         raise ValueError(f"solver {solver!r} is not one of {', '.join(SOLVERS)}")
@@ -109,7 +113,9 @@ class LogisticRegression(
     ArraysWritable,
     ArraysReadable["LogisticRegression"],
 ):
-    """Binomial logistic regression trained on the parameter server; a drop-in for MLlib's.
+    """Logistic regression (binomial or multinomial) trained on the parameter server; a
+    drop-in for MLlib's. ``family`` follows MLlib: "auto" fits a multinomial model when the
+    label column has more than two classes (from its nominal metadata, else max label + 1).
 
     Accepts MLlib's Params with MLlib's defaults plus ``solver``, ``batchSize``,
     ``stepSize``, ``numShards``, ``staleness``, ``numWorkers`` and ``featureValuesCol``.
@@ -297,7 +303,6 @@ class LogisticRegression(
     def _fit(self, dataset: DataFrame) -> LogisticRegressionModel:
         self._validate_params()
         self._check_supported()
-        trainer = get_trainer(self.getSolver())
         prepared = prepare_fit_data(
             dataset,
             features_col=self.getFeaturesCol(),
@@ -309,16 +314,27 @@ class LogisticRegression(
         )
         # A trainer that checks labels in its own statistics pass saves a Spark job; weights
         # (null/NaN/negative) are still checked here first, with MLlib's plain ValueError.
-        self._check_labels(dataset)
+        num_classes = self._check_labels(dataset)
+        multinomial = self._check_family(num_classes)
+        trainer = get_trainer(self.getSolver())
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
+        params.update(numClasses=num_classes, multinomial=multinomial)
         result = trainer(prepared, params)
         model = LogisticRegressionModel()
-        model._set_coefficients(
-            result.coefficients,
-            result.intercept,
-            keys=result.keys,
-            num_features=result.num_features,
-        )
+        if result.num_classes is None:
+            model._set_coefficients(
+                result.coefficients,
+                result.intercept,
+                keys=result.keys,
+                num_features=result.num_features,
+            )
+        else:
+            model._set_matrix(
+                result.coefficients,
+                result.intercept,
+                keys=result.keys,
+                num_features=result.num_features,
+            )
         model._resetUid(self.uid)
         self._copyValues(model)
         model._set_training_summary(dataset, result.objective_history, result.total_iterations)
@@ -326,18 +342,38 @@ class LogisticRegression(
         model._fit_phases = dict(result.phases or {})
         return model
 
-    def _check_labels(self, dataset: DataFrame) -> None:
-        """One aggregation over label, weight and features: 0/1 labels, valid weights,
-        features MLlib accepts (see `feature_checks`), not empty.
+    def _check_family(self, num_classes: int) -> bool:
+        """MLlib's ``checkMultinomial``, and its thresholds-length rule: True for multinomial."""
+        family = self.getFamily().lower()
+        if family == "binomial" and num_classes > 2:
+            raise ValueError(
+                f"Binomial family only supports 1 or 2 outcome classes but found {num_classes} "
+                f"(column {self.getLabelCol()!r}, labelCol); use family 'multinomial' or 'auto'"
+            )
+        multinomial = family == "multinomial" or (family == "auto" and num_classes > 2)
+        if self.isDefined(self.thresholds) and len(self.getThresholds()) != num_classes:
+            raise ValueError(
+                f"LogisticRegression.train() called with non-matching numClasses and "
+                f"thresholds.length. numClasses={num_classes}, but thresholds has length "
+                f"{len(self.getThresholds())}"
+            )
+        if multinomial and self.getSolver() != "lbfgs":
+            raise NotImplementedError(
+                f"{self.uid}: solver={self.getSolver()!r} fits binomial models only; "
+                f"a multinomial fit ({num_classes} classes) needs solver='lbfgs'"
+            )
+        return multinomial
 
-        Multiclass labels (max label > 1, or nominal label metadata with more than two
-        values) raise NotImplementedError: spark-ps fits binomial models only.
+    def _check_labels(self, dataset: DataFrame) -> int:
+        """One aggregation over label, weight and features: integer labels >= 0, valid
+        weights, features MLlib accepts (see `feature_checks`), not empty.
+
+        Returns the number of classes as MLlib counts them: the label column's nominal
+        metadata when it has some (every label must be below it), else max label + 1.
         """
         label_name = self.getLabelCol()
         attr = dataset.schema[label_name].metadata.get("ml_attr", {})
-        n_vals = attr.get("num_vals", len(attr.get("vals", [])))
-        if n_vals > 2:
-            raise _multiclass(self.uid, f"label metadata of {label_name!r} has {n_vals} values")
+        n_vals = int(attr.get("num_vals", len(attr.get("vals", []))))
         label = F.col(f"`{label_name}`").cast("double")
         aggs = [
             F.count(F.lit(1)).alias("n"),
@@ -356,21 +392,29 @@ class LogisticRegression(
                 f"Labels MUST NOT be Null or NaN: column {label_name!r} (labelCol) has "
                 f"{row['nulls']} such rows"
             )
-        check_label_counts(
-            label_name, row["bad"], row["max"] > 1, f"max label {row['max']}", self.uid
-        )
+        check_label_counts(label_name, row["bad"], False, "", self.uid)
         check_weights(row, weight_name)
         check_features(row, self.getFeaturesCol())
+        top = int(row["max"])
+        if n_vals and top >= n_vals:
+            raise ValueError(
+                f"Classification labels should be in [0 to {n_vals - 1}]: the metadata of "
+                f"column {label_name!r} (labelCol) gives {n_vals} classes but its max label "
+                f"is {row['max']}"
+            )
+        return n_vals if n_vals else top + 1
 
 
 def check_label_counts(
     label_col: str, bad: int, multiclass: bool, why: str, uid: str = "LogisticRegression"
 ) -> None:
-    """Raise MLlib's errors for ``bad`` negative/non-integer labels or labels above 1."""
+    """Raise MLlib's errors for ``bad`` negative/non-integer labels or (for a binomial fit)
+    labels above 1."""
     if bad:
         raise ValueError(
-            f"Labels MUST be in {{0, 1}}: column {label_col!r} (labelCol) has "
-            f"{int(bad)} negative or non-integer labels"
+            f"Labels MUST be in {{0, 1}} (binomial) or integers in [0, numClasses) "
+            f"(multinomial): column {label_col!r} (labelCol) has {int(bad)} negative or "
+            "non-integer labels"
         )
     if multiclass:
         raise _multiclass(uid, f"{why} in column {label_col!r}")

@@ -3,7 +3,9 @@ one Arrow pass in Python workers.
 
 Coefficients are stored either dense (``values[i]`` is feature ``i``) or sparse as sorted
 unique int64 ``keys`` with their ``values`` plus ``numFeatures``, so a model over a hashed
-key space far beyond 2**31 costs memory only for the keys it learned.
+key space far beyond 2**31 costs memory only for the keys it learned. A multinomial model
+stores the same way with one row of K values per feature (``values`` is [rows, K]) and K
+intercepts; it is scored in Python workers, one sparse-dense product per Arrow batch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pyspark.sql import DataFrame
 from spark_ps.data import CSRBatch
 from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowScoring
 from spark_ps.ml.lr.params import _LogisticRegressionParams
-from spark_ps.ml.lr.scoring import ScoringCoefficients, jvm_scores
+from spark_ps.ml.lr.scoring import ScoringCoefficients, SoftmaxCoefficients, jvm_scores
 from spark_ps.ml.lr.summary import LogisticRegressionSummary, make_summary
 
 __all__ = ["LogisticRegressionModel"]
@@ -35,7 +37,8 @@ class LogisticRegressionModel(
     ArraysReadable["LogisticRegressionModel"],
     HasTrainingSummary["LogisticRegressionSummary"],
 ):
-    """Binomial logistic regression model fitted by spark-ps ``LogisticRegression``.
+    """Logistic regression model (binomial or multinomial) fitted by spark-ps
+    ``LogisticRegression``.
 
     Same attributes, output columns, thresholds semantics and summaries as
     ``pyspark.ml.classification.LogisticRegressionModel``; additionally
@@ -55,6 +58,7 @@ class LogisticRegressionModel(
         self._keys: np.ndarray | None = None
         self._num_features = 0
         self._intercept = 0.0
+        self._intercepts: np.ndarray | None = None  # multinomial: K intercepts, else None
         # (training dataset, objective history, iterations): the training summary is built on
         # first access, so a fit never pickles a large model into a plan nobody reads.
         self._training: tuple[DataFrame, Sequence[float], int] | None = None
@@ -118,8 +122,58 @@ class LogisticRegressionModel(
             self._keys, self._num_features = keys, int(num_features)
         self._values = values
         self._intercept = float(intercept)
-        self._state: ScoringCoefficients | None = None  # rebuilt from these numbers on use
+        self._intercepts = None
+        self._state: ScoringCoefficients | SoftmaxCoefficients | None = (
+            None  # rebuilt from these numbers on use
+        )
         self._jvm_scorer: tuple[str, Any] | None = None  # (application id, broadcast weights)
+
+    def _set_matrix(
+        self,
+        values: Any,
+        intercepts: Any,
+        *,
+        keys: Any = None,
+        num_features: int | None = None,
+    ) -> None:
+        """Install a multinomial model: ``values`` [rows, K] (a row per feature id, or per
+        key of ``keys``) and K ``intercepts``; the same checks as `_set_coefficients`."""
+        b = np.array(intercepts, dtype=np.float64).reshape(-1)
+        if b.size < 1:
+            raise ValueError("a multinomial model needs at least one intercept (one per class)")
+        rows = np.array(values, dtype=np.float64).reshape(-1, b.size)
+        self._set_coefficients(
+            np.zeros(rows.shape[0]), 0.0, keys=keys, num_features=num_features
+        )  # shape and key checks
+        self._values, self._intercepts = rows, b
+
+    @classmethod
+    def fromCoefficientMatrix(
+        cls, coefficientMatrix: Matrix, interceptVector: Vector | Sequence[float]
+    ) -> LogisticRegressionModel:
+        """A multinomial model from a K x numFeatures matrix and K intercepts (e.g. MLlib's)."""
+        w = coefficientMatrix.toArray()
+        b = (
+            interceptVector.toArray()
+            if isinstance(interceptVector, Vector)
+            else np.asarray(interceptVector, dtype=np.float64)
+        )
+        if w.shape[0] != b.size:
+            raise ValueError(f"{w.shape[0]} coefficient rows but {b.size} intercepts")
+        model = cls()
+        model._set_matrix(w.T, b)
+        return model
+
+    @property
+    def _multinomial(self) -> bool:
+        return self._intercepts is not None
+
+    def _binomial_only(self, what: str, use: str) -> None:
+        """MLlib's error for a binomial-only attribute of a multinomial model."""
+        if self._multinomial:
+            raise RuntimeError(
+                f"Multinomial models contain a {what}, use {use} instead ({self.uid})."
+            )
 
     # ------------------------------------------------------------------ MLlib attributes
 
@@ -130,8 +184,8 @@ class LogisticRegressionModel(
 
     @property
     def numClasses(self) -> int:
-        """Number of classes (always 2: spark-ps fits binomial models)."""
-        return 2
+        """Number of classes: K for a multinomial model, 2 for a binomial one."""
+        return 2 if self._intercepts is None else int(self._intercepts.size)
 
     @property
     def coefficients(self) -> Vector:
@@ -139,7 +193,9 @@ class LogisticRegressionModel(
 
         pyspark.ml.linalg vectors index with int32: a model holding keys >= 2**31 raises
         ValueError here; read :py:attr:`coefficientKeys` / :py:attr:`coefficientValues`.
+        A multinomial model raises RuntimeError (use :py:attr:`coefficientMatrix`), as MLlib.
         """
+        self._binomial_only("matrix of coefficients", "coefficientMatrix")
         if self._keys is None:
             return DenseVector(self._values.copy())
         self._check_int32_keys("coefficients")
@@ -154,22 +210,43 @@ class LogisticRegressionModel(
 
     @property
     def intercept(self) -> float:
-        """Model intercept."""
+        """Model intercept (binomial; a multinomial model raises RuntimeError, as MLlib)."""
+        self._binomial_only("vector of intercepts", "interceptVector")
         return self._intercept
 
     @property
     def coefficientMatrix(self) -> Matrix:
-        """Coefficients as a 1 x numFeatures row-major matrix, as MLlib's binomial model."""
+        """Coefficients as a K x numFeatures row-major matrix (1 x numFeatures binomial), as
+        MLlib's: dense for vector input, sparse (the learned keys) for a sparse model."""
         n = self._num_features
+        if self._multinomial:
+            return self._class_matrix()
         if self._keys is None:
             return DenseMatrix(1, n, self._values.copy(), isTransposed=True)
         self._check_int32_keys("coefficientMatrix")
         col_ptrs = np.array([0, self._keys.shape[0]], dtype=np.int64)
         return SparseMatrix(1, n, col_ptrs, self._keys.copy(), self._values.copy(), True)
 
+    def _class_matrix(self) -> Matrix:
+        rows = self._values.T  # [K, rows]
+        K, n = rows.shape[0], self._num_features
+        if self._keys is None:
+            return DenseMatrix(K, n, np.ascontiguousarray(rows).reshape(-1), isTransposed=True)
+        self._check_int32_keys("coefficientMatrix")
+        nz = rows != 0.0
+        ptrs = np.concatenate([[0], np.cumsum(nz.sum(axis=1))]).astype(np.int64)
+        idx = np.concatenate([self._keys[nz[k]] for k in range(K)])
+        return SparseMatrix(K, n, ptrs, idx, rows[nz], True)
+
     @property
     def interceptVector(self) -> Vector:
-        """Intercept as a length-1 vector."""
+        """Intercepts: K of them (multinomial) or the one intercept as a length-1 vector."""
+        if self._multinomial:  # MLlib's `compressed`: sparse when that is smaller
+            b = self._intercepts
+            nz = np.flatnonzero(b)
+            if 1.5 * (nz.size + 1.0) < b.size:
+                return SparseVector(b.size, nz, b[nz])
+            return DenseVector(b.copy())
         return DenseVector([self._intercept])
 
     @property
@@ -181,7 +258,8 @@ class LogisticRegressionModel(
 
     @property
     def coefficientValues(self) -> np.ndarray:
-        """float64 coefficient values, parallel to :py:attr:`coefficientKeys`."""
+        """float64 coefficient values, parallel to :py:attr:`coefficientKeys` (multinomial:
+        [len(keys), K], a row of class coefficients per key)."""
         return self._values.copy()
 
     def setFeatureValuesCol(self, value: str) -> LogisticRegressionModel:
@@ -199,7 +277,10 @@ class LogisticRegressionModel(
     def _scoring_state(self) -> ScoringCoefficients:
         """The coefficients as shipped to executors (non-zeros only), built once per model."""
         if getattr(self, "_state", None) is None:
-            self._state = ScoringCoefficients.of(self._keys, self._values, self._intercept)
+            if self._multinomial:
+                self._state = SoftmaxCoefficients.of(self._keys, self._values, self._intercepts)
+            else:
+                self._state = ScoringCoefficients.of(self._keys, self._values, self._intercept)
         return self._state
 
     def _jvm_scores(self, dataset: DataFrame, spec: Any) -> DataFrame | None:
@@ -212,17 +293,24 @@ class LogisticRegressionModel(
         return state.margins(csr)
 
     @staticmethod
-    def _margins(state: tuple, csr: CSRBatch) -> np.ndarray:
+    def _margins(state: Any, csr: CSRBatch) -> np.ndarray:
+        if isinstance(state, SoftmaxCoefficients):
+            return state.margins(csr)
         m = LogisticRegressionModel._margin(state, csr)
         return np.column_stack([-m, m])
 
     @staticmethod
-    def _raw_to_probability(state: tuple, raw: np.ndarray) -> np.ndarray:
+    def _raw_to_probability(state: Any, raw: np.ndarray) -> np.ndarray:
+        if isinstance(state, SoftmaxCoefficients):
+            return state.probabilities(raw)
         p0 = 1.0 / (1.0 + np.exp(-raw[:, 0]))  # MLlib's order: class 0 first, class 1 = 1 - p0
         return np.column_stack([p0, 1.0 - p0])
 
-    def _prediction_rule(self) -> tuple[float, float]:
-        """(probability threshold, margin threshold), MLlib's ``_binaryThresholds``."""
+    def _prediction_rule(self) -> Any:
+        """(probability threshold, margin threshold), MLlib's ``_binaryThresholds``; for a
+        multinomial model MLlib's generic rule (``thresholds`` or None: argmax)."""
+        if self._multinomial:
+            return ArrowScoring._prediction_rule(self)
         t = self.getThreshold()
         if t == 0.0:
             return t, -np.inf
@@ -231,15 +319,21 @@ class LogisticRegressionModel(
         return t, float(np.log(t / (1.0 - t)))
 
     @staticmethod
-    def _probability_to_prediction(state: Any, rule: tuple, prob: np.ndarray) -> np.ndarray:
+    def _probability_to_prediction(state: Any, rule: Any, prob: np.ndarray) -> np.ndarray:
+        if isinstance(state, SoftmaxCoefficients):
+            return ArrowScoring._probability_to_prediction(state, rule, prob)
         return (prob[:, 1] > rule[0]).astype(np.float64)
 
     @classmethod
-    def _raw_to_prediction(cls, state: Any, rule: tuple, raw: np.ndarray) -> np.ndarray:
+    def _raw_to_prediction(cls, state: Any, rule: Any, raw: np.ndarray) -> np.ndarray:
+        if isinstance(state, SoftmaxCoefficients):
+            return super()._raw_to_prediction(state, rule, raw)
         return (raw[:, 1] > rule[1]).astype(np.float64)
 
     @classmethod
-    def _features_to_prediction(cls, state: Any, rule: tuple, csr: CSRBatch) -> np.ndarray:
+    def _features_to_prediction(cls, state: Any, rule: Any, csr: CSRBatch) -> np.ndarray:
+        if isinstance(state, SoftmaxCoefficients):
+            return super()._features_to_prediction(state, rule, csr)
         score = 1.0 / (1.0 + np.exp(-cls._margin(state, csr)))
         return (score > rule[0]).astype(np.float64)
 
@@ -285,10 +379,16 @@ class LogisticRegressionModel(
             for p in self.params
             if self.isDefined(p) and ref.hasParam(p.name)
         }
+        if "thresholds" in params:  # MLlib refuses both at once unless they agree (binary)
+            params.pop("threshold", None)
+        spark = SparkSession.active()
+        if self._multinomial:
+            matrix = self._class_matrix().toArray()  # dense [K, numFeatures], as MLlib trains
+            return lr_to_mllib(spark, self.uid, matrix, self._intercepts, params=params)
         coef = (
             self._values if self._keys is None else (self._keys, self._values, self._num_features)
         )
-        return lr_to_mllib(SparkSession.active(), self.uid, coef, self.intercept, params=params)
+        return lr_to_mllib(spark, self.uid, coef, self.intercept, params=params)
 
     def evaluate(self, dataset: DataFrame) -> LogisticRegressionSummary:
         """Evaluates the model on a test dataset (MLlib's summary and metrics)."""
@@ -333,7 +433,10 @@ class LogisticRegressionModel(
             "numFeatures": self._num_features,
             "storage": "dense" if self._keys is None else "sparse",
         }
-        arrays = {"values": self._values, "intercept": np.array([self._intercept])}
+        arrays = {"values": self._values.reshape(-1), "intercept": np.array([self._intercept])}
+        if self._multinomial:
+            extra["multinomial"] = True
+            arrays["intercepts"] = self._intercepts
         if self._keys is not None:
             arrays["keys"] = self._keys
         return extra, arrays
@@ -341,6 +444,14 @@ class LogisticRegressionModel(
     @classmethod
     def _from_saved(cls, metadata: dict, arrays: dict[str, np.ndarray]) -> LogisticRegressionModel:
         model = cls()
+        if metadata.get("multinomial"):
+            model._set_matrix(
+                arrays["values"],
+                arrays["intercepts"],
+                keys=arrays.get("keys"),
+                num_features=int(metadata["numFeatures"]),
+            )
+            return model
         model._set_coefficients(
             arrays["values"],
             float(arrays["intercept"][0]),

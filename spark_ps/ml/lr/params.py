@@ -189,18 +189,7 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
         self._checkThresholdConsistency()
 
     def _check_supported(self) -> None:
-        """Reject, at fit, what MLlib supports but spark-ps does not (yet)."""
-        if self.getFamily().lower() == "multinomial":
-            raise NotImplementedError(
-                f"{self.uid}: family='multinomial' is not supported by spark-ps "
-                "LogisticRegression; use family 'auto' or 'binomial' with 0/1 labels."
-            )
-        if self.isDefined(self.thresholds) and len(self.getOrDefault(self.thresholds)) != 2:
-            raise ValueError(
-                f"LogisticRegression.train() called with non-matching numClasses and "
-                f"thresholds.length. numClasses=2 (spark-ps fits binomial models), but "
-                f"thresholds has length {len(self.getOrDefault(self.thresholds))}"
-            )
+        """Reject, at fit, bounds with a solver other than L-BFGS-B's (MLlib's rule too)."""
         for name in _BOUND_PARAMS:
             if self.isSet(self.getParam(name)) and self.getSolver() != "lbfgs":
                 raise ValueError(

@@ -9,23 +9,31 @@ import itertools
 
 import numpy as np
 
-from spark_ps.models import PSVector
+from spark_ps.models import PSMatrix, PSVector
 
 __all__ = ["PSVecSpace"]
 
 
 class PSVecSpace:
-    """Dense PS vectors of one dimension (same dim => same shards: co-located)."""
+    """Dense PS vectors of one dimension (same dim => same shards: co-located).
 
-    def __init__(self, context, dim: int, prefix: str):
-        self.context, self.dim, self.prefix = context, int(dim), prefix
+    With ``cols`` > 1 every handle is a ``[dim, cols]`` PSMatrix (a row per feature, a
+    column per class): shards hold whole rows, so one pull of a feature serves all its
+    columns; the solver's ops see the flat values and :meth:`col_dots` / :meth:`col_axpy`
+    work per column.
+    """
+
+    def __init__(self, context, dim: int, prefix: str, cols: int = 1):
+        self.context, self.dim, self.prefix, self.cols = context, int(dim), prefix, int(cols)
         self._ids = itertools.count()
-        self.live: dict[str, PSVector] = {}
+        self.live: dict[str, PSVector | PSMatrix] = {}
 
-    def new(self, name: str) -> PSVector:
-        v = PSVector.dense(
-            self.dim, name=f"{self.prefix}/{name}/{next(self._ids)}", context=self.context
-        )
+    def new(self, name: str) -> PSVector | PSMatrix:
+        name = f"{self.prefix}/{name}/{next(self._ids)}"
+        if self.cols == 1:
+            v = PSVector.dense(self.dim, name=name, context=self.context)
+        else:
+            v = PSMatrix.dense(self.dim, self.cols, name=name, context=self.context)
         self.live[v.name] = v
         return v
 
@@ -35,7 +43,8 @@ class PSVecSpace:
         if v is None:
             ctx = self.context
             spec = ctx.client.lookup(name)
-            v = PSVector(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
+            cls = PSVector if spec.cols == 1 else PSMatrix
+            v = cls(spec, ctx.address, ctx.token, getattr(ctx, "tls_ca", None))
             self.live[name] = v
         return v
 
@@ -103,6 +112,33 @@ class PSVecSpace:
         }
         out = self.context.client.call("linalg.lincombs_dots", models, spec)
         return [float(v) for v in np.sum([arrays[0] for _, arrays in out], axis=0)]
+
+    def col_dots(self, pairs: list, rows: list = ()) -> np.ndarray:
+        """Per-column dots of each pair (``cols`` values a pair), then the values of each
+        ``(matrix, row)`` of ``rows``: one request per shard."""
+        models, index = [], {}
+
+        def at(v) -> int:
+            if v.name not in index:
+                index[v.name] = len(models)
+                models.append(v.spec)
+            return index[v.name]
+
+        spec = {
+            "pairs": [[at(x), at(y)] for x, y in pairs],
+            "rows": [[at(v), int(r)] for v, r in rows],
+        }
+        out = self.context.client.call("linalg.col_dots", models, spec)
+        return np.sum([arrays[0] for _, arrays in out], axis=0)
+
+    def col_axpy(self, coeffs: np.ndarray, x, y) -> None:
+        """``y[:, c] += coeffs[c] * x[:, c]`` for every column c, on the shards."""
+        coeffs = [float(c) for c in np.asarray(coeffs).reshape(-1)]
+        self.context.client.call("linalg.col_axpy", [x.spec, y.spec], {"coeffs": coeffs})
+
+    def spread(self, out, vector: PSVector) -> None:
+        """Every column of ``out`` = ``vector`` (a PS vector of ``dim`` entries)."""
+        self.context.client.call("linalg.spread", [out.spec, vector.spec], {})
 
     def release(self, x: PSVector) -> None:
         self.live.pop(x.name, None)

@@ -1,6 +1,7 @@
 """The LogisticRegression workers' rounds: what each Spark task does when a driver calls
-``dims``, ``keys``, ``stats``, ``grad`` (full batch, :mod:`spark_ps.ml.lr.distributed`) or
-``epoch`` (mini-batch, :mod:`spark_ps.ml.lr.minibatch`).
+``dims``, ``keys``, ``stats``, ``grad`` (full batch, :mod:`spark_ps.ml.lr.distributed`),
+``softmax_grad`` (multinomial, :mod:`spark_ps.ml.lr.multinomial`) or ``epoch``
+(mini-batch, :mod:`spark_ps.ml.lr.minibatch`).
 
 Kept apart from the drivers so a worker's import chain holds no ``pyspark.ml``: a fresh
 Python worker paid ~1 s importing it (and pandas) on every cold fit, for code it never runs.
@@ -18,6 +19,7 @@ import numpy as np
 from spark_ps.data import iter_minibatches, read_partition
 from spark_ps.ml._job import WorkerContext, best_effort
 from spark_ps.ml.lr.objective import feature_stats, loss_and_grad
+from spark_ps.ml.lr.softmax import class_weights, softmax_loss_and_grad
 
 if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
     from spark_ps.ml.base import PreparedData
@@ -211,10 +213,14 @@ def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     y = ctx.state["local"].labels
     n_neg = int(np.count_nonzero((y < 0) | (y != np.floor(y))))  # MLlib's label checks, folded
     n_multi = int(np.count_nonzero(y > 1)) - int(np.count_nonzero((y > 1) & (y != np.floor(y))))
-    ctx.contribute(
-        round_,
-        [p.n_rows, p.weight_sum, p.weight_sq_sum, *p.label_weight, p.n_bad_labels, n_neg, n_multi],
-    )
+    out = [p.n_rows, p.weight_sum, p.weight_sq_sum, *p.label_weight, p.n_bad_labels, n_neg, n_multi]
+    k = cmd.get("num_classes")
+    if k:  # multinomial: the weight of each class, and the rows labelled k or above
+        valid = (y >= 0) & (y < k) & (y == np.floor(y))
+        w = ctx.state["local"].weights
+        hist = class_weights(y[valid], None if w is None else w[valid], k)
+        out += [int(np.count_nonzero(~valid)), *hist]
+    ctx.contribute(round_, out)
 
 
 def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
@@ -239,4 +245,38 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     ctx.contribute(round_, [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2])
 
 
-HANDLERS = {"dims": _dims, "keys": _keys, "stats": _stats, "grad": _grad, "epoch": _epoch}
+def _softmax_grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Multinomial loss and gradient of this partition at x ([rows, K] on the PS): one pull
+    of this partition's feature rows; the [keys + intercept row, K] gradient goes to g."""
+    keys, local = compact(ctx, cmd["keyset"])
+    fit_intercept, dim = cmd["fit_intercept"], cmd["dim"]
+    if ctx.state.get("inv_std_name") != cmd["inv_std"]:
+        inv_std = ctx.tensor(cmd["inv_std"]).pull(keys)
+        ctx.state["inv_std"] = inv_std[:, 0] if inv_std.ndim == 2 else inv_std
+        ctx.state["inv_std_name"] = cmd["inv_std"]
+    t0 = time.perf_counter()
+    K = len(cmd["offsets"])
+    coef = ctx.tensor(cmd["x"]).pull(keys).reshape(-1, K)
+    t1 = time.perf_counter()
+    loss, grad, grad_b, wsum = softmax_loss_and_grad(
+        local, coef, np.asarray(cmd["offsets"]), ctx.state["inv_std"], fit_intercept
+    )
+    t2 = time.perf_counter()
+    g = ctx.tensor(cmd["g"])
+    if fit_intercept:
+        g.aggregate(
+            np.append(keys, dim - 1), np.vstack([grad, grad_b]), round=round_, part=ctx.part
+        )
+    else:
+        g.aggregate(keys, grad, round=round_, part=ctx.part)
+    ctx.contribute(round_, [loss, wsum, t1 - t0, t2 - t1, time.perf_counter() - t2, *grad_b])
+
+
+HANDLERS = {
+    "dims": _dims,
+    "keys": _keys,
+    "stats": _stats,
+    "grad": _grad,
+    "softmax_grad": _softmax_grad,
+    "epoch": _epoch,
+}

@@ -25,7 +25,7 @@ from spark_ps import _jvm
 from spark_ps.data import CSRBatch
 from spark_ps.ml.base import _quote, features_kind
 
-__all__ = ["ScoringCoefficients", "row_sums", "jvm_scores", "ENGINE"]
+__all__ = ["ScoringCoefficients", "SoftmaxCoefficients", "row_sums", "jvm_scores", "ENGINE"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,6 +79,42 @@ class ScoringCoefficients:
         return row_sums(csr.indptr, csr.values * self.weights_at(csr.indices)) + self.intercept
 
 
+class SoftmaxCoefficients:
+    """A multinomial model for scoring: ``matrix`` [rows, K] (a row per feature: every
+    feature id when ``keys`` is None, else the sorted int64 ``keys``) and ``intercepts``."""
+
+    def __init__(self, keys: np.ndarray | None, matrix: np.ndarray, intercepts: np.ndarray):
+        self.keys, self.matrix = keys, np.asarray(matrix, dtype=np.float64)
+        self.intercepts = np.asarray(intercepts, dtype=np.float64)
+
+    @classmethod
+    def of(cls, keys: np.ndarray | None, matrix: np.ndarray, intercepts: np.ndarray):
+        """Ship a dense model as its non-zero rows when fewer than half of them are."""
+        if keys is None:
+            nz = np.flatnonzero(np.any(matrix != 0.0, axis=1))
+            if nz.size * 2 < matrix.shape[0]:
+                return cls(nz.astype(np.int64), matrix[nz], intercepts)
+        return cls(keys, matrix, intercepts)
+
+    def margins(self, csr: CSRBatch) -> np.ndarray:
+        """``X W + b``: float64 [n, K], one sparse-dense product per batch."""
+        W, cols = self.matrix, csr.indices
+        if self.keys is not None:  # ids the model lacks point at an all-zero row
+            n = self.keys.shape[0]
+            pos = np.minimum(np.searchsorted(self.keys, cols), max(n - 1, 0))
+            hit = self.keys[pos] == cols if n else np.zeros(cols.shape[0], dtype=bool)
+            cols = np.where(hit, pos, n)
+            W = np.vstack([W, np.zeros((1, W.shape[1]))])
+        X = sp.csr_matrix((csr.values, cols, csr.indptr), shape=(csr.n_rows, W.shape[0]))
+        return np.asarray(X @ W) + self.intercepts
+
+    @staticmethod
+    def probabilities(raw: np.ndarray) -> np.ndarray:
+        """Softmax of each row, the largest margin taken out first (as MLlib's)."""
+        e = np.exp(raw - raw.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+
 def row_sums(indptr: np.ndarray, products: np.ndarray) -> np.ndarray:
     """Sum of ``products[indptr[i]:indptr[i+1]]`` for each row i, left to right from 0.0.
 
@@ -107,7 +143,7 @@ def jvm_scores(model: Any, dataset: DataFrame, spec: Any) -> DataFrame | None:
     """
     if (
         ENGINE == "python"
-        or not isinstance(model._scoring_state(), ScoringCoefficients)
+        or not isinstance(model._scoring_state(), ScoringCoefficients)  # multinomial: Python
         or features_kind(dataset.schema, spec.features_col) == "dense"
     ):
         return None

@@ -102,15 +102,23 @@ class NumpyVecSpace:
         Run reductions and kernels slice by slice over this many contiguous
         slices and sum the partials, exactly as PS shards would. Used by tests
         to check that results do not depend on the split.
+    cols : int, default 1
+        Each vector is a ``[dim, cols]`` matrix stored row by row (a multinomial model:
+        a row per feature, a column per class); slices hold whole rows, as PS shards do.
+        The BLAS-1 ops and kernels see the flat values; :meth:`col_dots` and
+        :meth:`col_axpy` work per column.
     """
 
-    def __init__(self, dim: int, shards: int = 1) -> None:
+    def __init__(self, dim: int, shards: int = 1, cols: int = 1) -> None:
         if int(dim) != dim or dim < 1:
             raise ValueError(f"NumpyVecSpace: dim must be a positive integer, got {dim!r}")
         if int(shards) != shards or not 1 <= shards:
             raise ValueError(f"NumpyVecSpace: shards must be a positive integer, got {shards!r}")
-        self.dim = int(dim)
-        bounds = np.linspace(0, self.dim, min(int(shards), self.dim) + 1).astype(np.int64)
+        if int(cols) != cols or cols < 1:
+            raise ValueError(f"NumpyVecSpace: cols must be a positive integer, got {cols!r}")
+        self.dim, self.cols = int(dim), int(cols)
+        rows = np.linspace(0, self.dim, min(int(shards), self.dim) + 1).astype(np.int64)
+        bounds = rows * self.cols
         self._slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         self._live: dict[int, str] = {}
         self.peak_live = 0
@@ -119,7 +127,7 @@ class NumpyVecSpace:
 
     def new(self, name: str) -> np.ndarray:
         """A zero vector, registered as live."""
-        x = np.zeros(self.dim, dtype=np.float64)
+        x = np.zeros(self.dim * self.cols, dtype=np.float64)
         self._live[id(x)] = name
         self.peak_live = max(self.peak_live, len(self._live))
         return x
@@ -199,10 +207,33 @@ class NumpyVecSpace:
             self.lincomb(out, terms)
         return self.dots(pairs)
 
+    # ---------------------------------------------------------------- per column
+
+    def col_dots(
+        self, pairs: list[tuple[np.ndarray, np.ndarray]], rows: list[tuple[np.ndarray, int]] = ()
+    ) -> np.ndarray:
+        """Per-column dots of each pair (``cols`` values a pair), then the values of each
+        ``(vector, row)`` in ``rows``, concatenated."""
+        k = self.cols
+        out = []
+        for x, y in pairs:
+            x, y = self._own(x), self._own(y)
+            out.append(sum(np.einsum("ij,ij->j", *(a[s].reshape(-1, k) for a in (x, y)))
+                           for s in self._slices))  # fmt: skip
+        out += [self._own(v).reshape(-1, k)[int(r)].copy() for v, r in rows]
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def col_axpy(self, coeffs: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+        """``y[:, c] += coeffs[c] * x[:, c]`` for every column c."""
+        k = self.cols
+        self._own(y).reshape(-1, k)[...] += np.asarray(coeffs, dtype=np.float64) * self._own(
+            x
+        ).reshape(-1, k)
+
     # ---------------------------------------------------------------- checks
 
     def _check_shape(self, x: np.ndarray, where: str) -> np.ndarray:
-        if x.shape != (self.dim,):
+        if x.shape != (self.dim * self.cols,):
             raise ValueError(f"{where}: vector of shape {x.shape}, this space has dim {self.dim}")
         return x
 

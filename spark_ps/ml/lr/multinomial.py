@@ -1,0 +1,257 @@
+"""Multinomial (softmax) logistic regression with the model on the PS: L-BFGS / OWL-QN.
+
+The same barrier job, key numbering and solver as the binomial fit
+(:mod:`spark_ps.ml.lr.distributed`); what changes is the model's shape. Every solver
+vector is a ``[keys (+1 intercept row), K]`` PS matrix stored row by row (MLlib's
+training layout, index ``j*K + k``): shards hold whole feature rows, so a worker's one
+pull of its keys brings all K coefficients of each, and its gradient goes back as one
+push of the same rows. The driver runs the solver over the flat values; the centering's
+per-class sums are one ``linalg.col_dots`` and one ``linalg.col_axpy`` request per
+evaluation. The objective, start point and post-processing are MLlib's (see
+:mod:`spark_ps.ml.lr.softmax`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from spark_ps.context import PSContext
+from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml._progress import Progress
+from spark_ps.ml._recovery import FitRecovery
+from spark_ps.ml.base import PreparedData
+from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _Phases, _resume_hooks
+from spark_ps.ml.lr.estimator import TrainResult
+from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
+from spark_ps.ml.lr.optim import minimize_lbfgs
+from spark_ps.ml.lr.ps_space import PSVecSpace
+from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
+from spark_ps.ml.lr.softmax import constant_label_model, finish_multinomial, initial_intercepts
+from spark_ps.models import PSMatrix, PSVector
+
+__all__ = ["train_lbfgs_multinomial"]
+
+log = logging.getLogger("spark_ps.ml.lr")
+
+
+class _SoftmaxFit:
+    """Driver side of one multinomial fit: the PS matrices and the rounds that fill them."""
+
+    def __init__(self, job: PSJob, space: PSVecSpace, ks: _KeySpace, params: dict):
+        self.job, self.space = job, space
+        self.K, self.rows = space.cols, space.dim
+        self.fit_intercept = bool(params["fitIntercept"])
+        self.label_col = params["labelCol"]
+        self.keyset = None if ks.keyset is None else ks.keyset.name
+
+    def stats(self):
+        """(mean, std spread over the K columns, class weights): the binomial fit's
+        statistics round, plus each partition's class histogram and invalid labels."""
+        space, ctx, rows = self.space, self.space.context, self.rows
+        name = f"{space.prefix}/stats"
+        sums = PSMatrix.dense(rows, 3, name=f"{name}/sums", context=ctx)
+        extremes = PSMatrix.dense(rows, 2, name=f"{name}/extremes", context=ctx)
+        mean_v = PSVector.dense(rows, name=f"{name}/mean", context=ctx)
+        std_v = PSVector.dense(rows, name=f"{name}/std", context=ctx)
+        try:
+            r, out = self.job.call(
+                "stats",
+                keyset=self.keyset,
+                sums=sums.name,
+                extremes=extremes.name,
+                num_classes=self.K,
+            )
+            sums.reduce(r)
+            extremes.reduce(r, how="max")
+            n_rows, wsum, wsq = out[0], out[1], out[2]
+            n_invalid, hist = int(out[8]), np.asarray(out[9 : 9 + self.K])
+            if n_invalid:
+                raise ValueError(
+                    f"Classification labels should be in [0 to {self.K - 1}]. Found "
+                    f"{n_invalid} invalid labels in column {self.label_col!r} (labelCol)"
+                )
+            if not wsum > 0:
+                raise ValueError(f"the total instance weight is {wsum!r}; it must be positive")
+            ctx.client.call(
+                "stats.standardize",
+                [sums.spec, extremes.spec, mean_v.spec, std_v.spec],
+                {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows},
+            )
+            mean, std = space.new("mean"), space.new("std")
+            space.spread(mean, mean_v)
+            space.spread(std, std_v)
+        finally:  # clean-up must not hide the round's own error (see best_effort)
+            for t, what in (
+                (sums, "sums"),
+                (extremes, "extremes"),
+                (mean_v, "mean"),
+                (std_v, "std"),
+            ):
+                best_effort(f"dropping the statistics {what}", t.drop)
+        return mean, std, hist
+
+    def coef_mask(self):
+        mask = self.space.new("coef_mask")
+        mask.fill(1.0)
+        if self.fit_intercept:
+            mask.update(np.array([self.rows - 1]), np.zeros((1, self.K)))
+        return mask
+
+    def offsets(self, x, vecs) -> np.ndarray:
+        """Per-class margin offsets: intercept minus ``coef_k . scaled_mean`` (one request)."""
+        if not self.fit_intercept:
+            return np.zeros(self.K)
+        out = self.space.col_dots([(x, vecs.scaled_mean)], rows=[(x, self.rows - 1)])
+        return out[self.K :] - out[: self.K]
+
+    def objective(self, vecs):
+        """evaluate(x, g) -> f: one distributed pass over all partitions."""
+        K, space = self.K, self.space
+
+        def evaluate(x, g) -> float:
+            offsets = self.offsets(x, vecs)
+            r, out = self.job.call(
+                "softmax_grad",
+                x=x.name,
+                g=g.name,
+                inv_std=vecs.inv_std.name,
+                offsets=[float(v) for v in offsets],
+                fit_intercept=self.fit_intercept,
+                dim=self.rows,
+                keyset=self.keyset,
+            )
+            loss, wsum, grad_b = float(out[0]), float(out[1]), np.asarray(out[5 : 5 + K])
+            g.reduce(r)
+            if self.fit_intercept:  # the centering correction, per class
+                space.col_axpy(-grad_b, vecs.scaled_mean, g)
+            return finish_objective(
+                space, x, g, vecs, loss_sum=loss, weight_sum=wsum, grad_intercept=0.0
+            )
+
+        return evaluate
+
+
+def train_lbfgs_multinomial(prepared: PreparedData, params: dict) -> TrainResult:
+    """Fit MLlib's multinomial objective on the PS (``params["numClasses"]`` classes)."""
+    phases = _Phases(time.perf_counter())
+    ps = PSContext.getOrCreate(prepared.df.sparkSession)
+    fit_intercept, K = bool(params["fitIntercept"]), int(params["numClasses"])
+    job = PSJob(
+        ps,
+        prepared.df,
+        prepared.num_workers,
+        setup_rows(prepared, dense_matrix=True),
+        HANDLERS,
+        name=f"LogisticRegression(family=multinomial, maxIter={params['maxIter']})",
+    )
+    with job:
+        interval = params.get("checkpointInterval", -1)
+        recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
+        ks = _key_space(job, ps, prepared, phases, identity=True)
+        space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic, cols=K)
+        try:
+            return _solve(job, space, ks, params, phases, recovery)
+        finally:  # clean-up must not hide the fit's own error (see best_effort)
+            best_effort("releasing the solver's PS matrices", space.release_all)
+            if ks.keyset is not None:
+                best_effort("dropping the key set", ks.keyset.drop)
+
+
+def _solve(
+    job: PSJob,
+    space: PSVecSpace,
+    ks: _KeySpace,
+    params: dict,
+    phases: _Phases,
+    recovery: FitRecovery,
+) -> TrainResult:
+    fit = _SoftmaxFit(job, space, ks, params)
+    K, fit_intercept = fit.K, fit.fit_intercept
+    mean, std, hist = fit.stats()
+    phases.mark("statistics")
+    if fit_intercept and np.count_nonzero(hist) == 1:
+        log.warning("all labels are %d and fitIntercept=true: coefficients are 0", hist.argmax())
+        empty = np.zeros((0, K))
+        return _result(ks, np.zeros(0, np.int64), empty, constant_label_model(hist), [0.0], 0)
+    mask = fit.coef_mask()
+    vecs = build_lr_vectors(
+        space,
+        mean,
+        std,
+        mask,
+        reg_param=params["regParam"],
+        elastic_net=params["elasticNetParam"],
+        standardization=params["standardization"],
+        fit_intercept=fit_intercept,
+    )
+    x = space.new("x")
+    if fit_intercept:
+        x.update(np.array([space.dim - 1]), initial_intercepts(hist)[None, :])
+    phases.mark("solver vectors")
+    stamps: list[float] = []
+    evaluate = fit.objective(vecs)
+    bar = Progress("spark-ps LogisticRegression (multinomial)", int(params["maxIter"]))
+
+    def timed_evaluate(x, g) -> float:
+        value = evaluate(x, g)
+        if not stamps:  # the initial point: objectiveHistory[0]
+            stamps.append(time.perf_counter() - phases.start)
+        return value
+
+    def progress(info) -> None:
+        stamps.append(time.perf_counter() - phases.start)
+        bar.update(info.iteration, loss=info.value)
+
+    def solve(resume: dict | None) -> TrainResult:
+        res = minimize_lbfgs(
+            space,
+            timed_evaluate,
+            x,
+            max_iter=params["maxIter"],
+            tol=params["tol"],
+            m=10,
+            l1=vecs.l1_weight,
+            callback=progress,
+            **_resume_hooks(recovery, space, stamps, resume),
+        )
+        bar.close()
+        phases.mark("iterations")
+        intercepts = fit.offsets(res.x, vecs)
+        coef_h = space.new("coefficients")
+        space.apply("multiply", coef_h, res.x, vecs.inv_std)
+        keys, ids = ks.touched()
+        coef = coef_h.pull(ids).reshape(-1, K) if keys.size else np.zeros((0, K))
+        space.release(coef_h)
+        coef, intercepts = finish_multinomial(
+            coef, intercepts, reg_param=params["regParam"], fit_intercept=fit_intercept
+        )
+        result = _result(ks, keys, coef, intercepts, list(res.objective_history), res.n_iter)
+        result.iteration_timestamps = stamps
+        phases.mark("coefficients")
+        result.phases = dict(phases.seconds)
+        return result
+
+    return recovery.run(solve)
+
+
+def _result(ks: _KeySpace, keys, coef, intercepts, history, iters) -> TrainResult:
+    """Dense ``[numFeatures, K]`` rows for small vector input (MLlib's dense matrix), else
+    the rows of the keys with a non-zero coefficient."""
+    K = coef.shape[1]
+    if ks.dense_output:
+        dense = np.zeros((ks.num_features, K))
+        dense[keys] = coef
+        return TrainResult(dense, intercepts, history, iters, num_classes=K)
+    nz = np.any(coef != 0.0, axis=1)
+    return TrainResult(
+        coef[nz],
+        intercepts,
+        history,
+        iters,
+        keys=keys[nz],
+        num_features=ks.num_features,
+        num_classes=K,
+    )
