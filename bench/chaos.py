@@ -183,7 +183,7 @@ def child(args: argparse.Namespace) -> None:
             killer.arm(name, "scoring")
             got = _answer(name, model, test)
         except Exception as e:  # a fit that does not survive is the finding: record it
-            got, error = None, f"{type(e).__name__}: {str(e)[:300]}"
+            got, error = None, f"{type(e).__name__}: {str(e)[:2000]}"
         finally:
             killer.disarm()
         seconds = time.perf_counter() - t0

@@ -79,11 +79,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "model.factors": _FM_INIT,
         "model2.factors": _FM_INIT,
     },
-    "LogisticRegression": {
-        "mlorModel = mlor.fit(mdf)": "family='multinomial' is not supported yet",
-        "mlorModel.coefficientMatrix": "follows from the multinomial fit",
-        "mlorModel.interceptVector": "follows from the multinomial fit",
-    },
 }
 
 

@@ -155,3 +155,79 @@ def test_gbt_classifier(four, tmp_path):
         est, model, tmp_path, ours_clf.GBTClassifier, ours_clf.GBTClassificationModel
     )
     assert back.toDebugString == model.toDebugString
+
+
+def test_linear_svc(four, tmp_path):
+    from spark_ps.ml.classification import LinearSVC, LinearSVCModel
+
+    est = LinearSVC(maxIter=1, regParam=1.0)
+    assert (est.getMaxIter(), est.getRegParam()) == (1, 1.0)
+    model = est.fit(four)
+    ref = mllib_clf.LinearSVC(maxIter=1, regParam=1.0).fit(four)
+    assert model.uid == est.uid
+    assert (model.numClasses, model.numFeatures) == (ref.numClasses, ref.numFeatures) == (2, 2)
+    assert model.intercept == pytest.approx(ref.intercept, rel=1e-9, abs=1e-12)
+    np.testing.assert_allclose(model.coefficients, ref.coefficients, rtol=1e-9, atol=1e-12)
+    assert model.predict(VEC) == ref.predict(VEC)
+    np.testing.assert_allclose(model.predictRaw(VEC), ref.predictRaw(VEC), rtol=1e-9)
+    assert model.transform(four).columns == ref.transform(four).columns
+    s, r = model.summary(), ref.summary()
+    assert (s.labels, s.accuracy, s.areaUnderROC) == (r.labels, r.accuracy, r.areaUnderROC)
+    assert s.predictions.columns == r.predictions.columns
+    s2, r2 = model.evaluate(four), ref.evaluate(four)
+    assert isinstance(s, mllib_clf.LinearSVCTrainingSummary)
+    assert isinstance(s2, mllib_clf.LinearSVCSummary)
+    assert not isinstance(s2, mllib_clf.LinearSVCTrainingSummary)
+    assert (s2.accuracy, s2.areaUnderROC) == (r2.accuracy, r2.areaUnderROC)
+    _round_trip(est, model, tmp_path, LinearSVC, LinearSVCModel)
+
+
+@pytest.mark.parametrize("solver", ["normal", "l-bfgs"])
+def test_linear_regression(spark, tmp_path, solver):
+    """pyspark's test_linear_regression (solver='normal'); our 'normal' runs the same L-BFGS
+    to the same optimum, so everything but the normal equations' statistics
+    (coefficientStandardErrors, tValues, pValues) is compared."""
+    from pyspark.ml import regression as mllib_reg
+
+    from spark_ps.ml.regression import LinearRegression, LinearRegressionModel
+
+    df = (
+        spark.createDataFrame(
+            [
+                (1.0, 1.0, Vectors.dense(0.0, 5.0)),
+                (0.0, 2.0, Vectors.dense(1.0, 2.0)),
+                (1.5, 3.0, Vectors.dense(2.0, 1.0)),
+                (0.7, 4.0, Vectors.dense(1.5, 3.0)),
+            ],
+            ["label", "weight", "features"],
+        )
+        .coalesce(1)
+        .sortWithinPartitions("weight")
+    )
+    params = dict(regParam=0.0, maxIter=2, solver=solver, weightCol="weight")
+    est = LinearRegression(**params)
+    model = est.fit(df)
+    ref = mllib_reg.LinearRegression(**params).fit(df)
+    assert model.numFeatures == ref.numFeatures == 2
+    assert model.scale == pytest.approx(ref.scale)
+    assert model.intercept == pytest.approx(ref.intercept, rel=1e-6, abs=1e-9)
+    np.testing.assert_allclose(model.coefficients, ref.coefficients, rtol=1e-6, atol=1e-9)
+    assert model.predict(VEC) == pytest.approx(ref.predict(VEC), rel=1e-6, abs=1e-9)
+    assert model.transform(df).columns == ref.transform(df).columns
+    s, r = model.summary, ref.summary
+    assert s.predictions.columns == r.predictions.columns
+    assert s.residuals.columns == r.residuals.columns == ["residuals"]
+    assert (s.degreesOfFreedom, s.numInstances) == (r.degreesOfFreedom, r.numInstances)
+    for name in (
+        "explainedVariance",
+        "meanAbsoluteError",
+        "meanSquaredError",
+        "rootMeanSquaredError",
+        "r2",
+        "r2adj",
+    ):
+        assert getattr(s, name) == pytest.approx(getattr(r, name), rel=1e-6, abs=1e-9), name
+    np.testing.assert_allclose(s.devianceResiduals, r.devianceResiduals, rtol=1e-6, atol=1e-9)
+    s2 = model.evaluate(df)
+    assert s2.rootMeanSquaredError == pytest.approx(s.rootMeanSquaredError, rel=1e-12)
+    _round_trip(est, model, tmp_path, LinearRegression, LinearRegressionModel)
