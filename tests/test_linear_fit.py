@@ -65,7 +65,7 @@ def test_linear_regression_matches_mllib(spark_ps, params):
     spark, _ = spark_ps
     df = _regression_df(spark)
     ref = MLlibLinReg(solver="l-bfgs", maxIter=300, tol=1e-12, **params).fit(df)
-    ours = LinearRegression(maxIter=300, tol=1e-12, **params).fit(df)
+    ours = LinearRegression(solver="l-bfgs", maxIter=300, tol=1e-12, **params).fit(df)
     _close(ours, ref)
     assert ours.scale == 1.0
     assert ours.coefficients[1] == 0.0  # the constant feature

@@ -228,6 +228,9 @@ def test_linear_regression(spark, tmp_path, solver):
     ):
         assert getattr(s, name) == pytest.approx(getattr(r, name), rel=1e-6, abs=1e-9), name
     np.testing.assert_allclose(s.devianceResiduals, r.devianceResiduals, rtol=1e-6, atol=1e-9)
+    if solver == "normal":  # closed form in MLlib: no iterations, whatever maxIter says
+        assert s.objectiveHistory == r.objectiveHistory == [0.0]
+        assert s.totalIterations == r.totalIterations == 0
     s2 = model.evaluate(df)
     assert s2.rootMeanSquaredError == pytest.approx(s.rootMeanSquaredError, rel=1e-12)
     _round_trip(est, model, tmp_path, LinearRegression, LinearRegressionModel)

@@ -54,6 +54,19 @@ class LinearProblem:
     max_iter: int
     tol: float
     epsilon: float = 1.35
+    solver: str = "l-bfgs"  # LinearRegression's: "auto" | "normal" | "l-bfgs"
+
+
+#: MLlib's WeightedLeastSquares.MAX_NUM_FEATURES: "auto" solves the normal equations up to this.
+NORMAL_MAX_FEATURES = 4096
+
+
+def _normal_equations(p: LinearProblem, num_features: int) -> bool:
+    """Would MLlib solve this in closed form (WeightedLeastSquares, Cholesky)? Then maxIter
+    and tol do not apply and the objective history is ``[0.0]``."""
+    if p.loss != "squaredError" or (p.elastic_net != 0.0 and p.reg_param != 0.0):
+        return False
+    return p.solver == "normal" or (p.solver == "auto" and num_features <= NORMAL_MAX_FEATURES)
 
 
 @dataclass
@@ -199,6 +212,12 @@ class _Solve:
             l1 = space.new("l1_zero")
         x = self._initial_point(centered)
         evaluate = self._objective(vecs, centered, y_mean, y_std)
+        if _normal_equations(p, int(self.ks.num_features)):
+            # MLlib's closed form: the same optimum, reached here by iterating to convergence
+            res = minimize_lbfgs(space, evaluate, x, max_iter=10_000, tol=1e-13, m=10, l1=l1)
+            fit = self._result(res, vecs, centered, mean, y_mean, y_std)
+            fit.objective_history, fit.total_iterations = [0.0], 0
+            return fit
         res = minimize_lbfgs(space, evaluate, x, max_iter=p.max_iter, tol=p.tol, m=10, l1=l1)
         return self._result(res, vecs, centered, mean, y_mean, y_std)
 

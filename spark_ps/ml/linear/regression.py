@@ -98,9 +98,11 @@ class LinearRegression(
     """Linear regression trained on the parameter server; a drop-in for MLlib's.
 
     Every solver (``auto``, ``normal``, ``l-bfgs``) runs MLlib's L-BFGS (OWL-QN with an L1
-    part) over PS vectors: the normal equations and the iterative solver share one optimum,
-    so ``normal`` gives MLlib's coefficients too, but its summary has the iterative
-    solver's ``objectiveHistory`` and no coefficient standard errors. ``aggregationDepth``
+    part) over PS vectors. Where MLlib would solve the normal equations in closed form
+    (``normal``, or ``auto`` up to 4096 features, squared error, no elastic-net mix) the
+    solver iterates to convergence whatever ``maxIter``/``tol`` say and the summary's
+    ``objectiveHistory`` is MLlib's ``[0.0]``: the same optimum, but no coefficient
+    standard errors, t- or p-values. ``aggregationDepth``
     and ``maxBlockSizeInMB`` are accepted and have no effect (no tree aggregation, no
     blocks: each partition's rows are one matrix in its worker).
 
@@ -219,6 +221,7 @@ class LinearRegression(
             max_iter=self.getMaxIter(),
             tol=self.getTol(),
             epsilon=self.getEpsilon(),
+            solver=self.getSolver(),
         )
         fit = fit_linear(self, dataset, problem)
         model = LinearRegressionModel()
