@@ -69,6 +69,13 @@ _FM_INIT = (
 )
 _TABLE = "a shown table of doubles, compared as text: the last printed digit differs"
 EXPECTED_FAILURES: dict[str, dict[str, str]] = {
+    "LogisticRegression": {
+        "mlorModel.coefficientMatrix": (
+            "the iris file generated here is not MLlib's byte for byte (rounding), and this L1 "
+            "fit moves with it: MLlib on the generated file prints our [1.8801, -2.7428, "
+            "-0.5171], and prints isTransposed as 1 where a Python-built matrix says True"
+        ),
+    },
     "FMClassifier": {
         'model.transform(test0).select("features", "probability").show(10, False)': _TABLE,
         "model.factors": _FM_INIT,

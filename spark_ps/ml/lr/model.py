@@ -231,7 +231,7 @@ class LogisticRegressionModel(
         rows = self._values.T  # [K, rows]
         K, n = rows.shape[0], self._num_features
         if self._keys is None:
-            return DenseMatrix(K, n, np.ascontiguousarray(rows).reshape(-1), isTransposed=True)
+            return compressed(rows)
         self._check_int32_keys("coefficientMatrix")
         nz = rows != 0.0
         ptrs = np.concatenate([[0], np.cumsum(nz.sum(axis=1))]).astype(np.int64)
@@ -459,6 +459,28 @@ class LogisticRegressionModel(
             num_features=int(metadata["numFeatures"]),
         )
         return model
+
+
+def compressed(rows: np.ndarray) -> Matrix:
+    """A dense row-major ``[K, n]`` matrix in MLlib's ``Matrix.compressed`` form: dense, or
+    sparse by columns or by rows, whichever MLlib counts as fewest bytes (ties: dense, then
+    by columns), so that printing and type checks see what MLlib returns."""
+    K, n = rows.shape
+    nz = rows != 0.0
+    nnz = int(nz.sum())
+    dense_bytes = 8 * K * n + 12
+    csc_bytes = 12 * nnz + 4 * (n + 1) + 36
+    csr_bytes = 12 * nnz + 4 * (K + 1) + 36
+    if dense_bytes <= min(csc_bytes, csr_bytes):
+        return DenseMatrix(K, n, np.ascontiguousarray(rows).reshape(-1), isTransposed=True)
+    if csc_bytes <= csr_bytes:
+        cols = nz.T
+        ptrs = np.concatenate([[0], np.cumsum(cols.sum(axis=1))]).astype(np.int64)
+        idx = np.concatenate([np.flatnonzero(c) for c in cols]).astype(np.int64)
+        return SparseMatrix(K, n, ptrs, idx, rows.T[cols], False)
+    ptrs = np.concatenate([[0], np.cumsum(nz.sum(axis=1))]).astype(np.int64)
+    idx = np.concatenate([np.flatnonzero(r) for r in nz]).astype(np.int64)
+    return SparseMatrix(K, n, ptrs, idx, rows[nz], True)
 
 
 def _uuid() -> str:
