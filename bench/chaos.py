@@ -103,18 +103,22 @@ class _Killer(threading.Thread):
         self._halt.set()
 
 
+#: Worker commands that start a fit's iterations (LR lbfgs, mini-batch epochs, GBT trees).
+ITERATION_OPS = frozenset({"grad", "epoch", "boost"})
+
+
 def _phase_hook(killer: _Killer) -> None:
-    """The killer's phase moves from set-up to iterations at a fit's first boundary."""
-    from spark_ps.ml import _recovery
+    """The killer's phase moves from set-up to iterations at a fit's first iteration command."""
+    from spark_ps.ml._job import PSJob
 
-    boundary = _recovery.FitRecovery.boundary
+    command = PSJob.command
 
-    def marked(fit, iteration, state):
-        if killer.phase == "set-up":
+    def marked(job, op, **payload):
+        if killer.phase == "set-up" and op in ITERATION_OPS:
             killer.phase = "iterations"
-        return boundary(fit, iteration, state)
+        return command(job, op, **payload)
 
-    _recovery.FitRecovery.boundary = marked
+    PSJob.command = marked
 
 
 def _estimators() -> dict[str, Any]:
