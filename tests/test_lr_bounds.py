@@ -141,3 +141,24 @@ def test_multinomial_bounds_are_refused_not_ignored(spark):
     bounds = Matrices.dense(3, 2, [0.0] * 6)
     with pytest.raises(NotImplementedError, match="binomial family only"):
         LogisticRegression(lowerBoundsOnCoefficients=bounds).fit(three)
+
+
+def test_bounds_on_a_hashed_key_set(spark):
+    """2^18 sparse features, 40 touched: the key set is a hash index whose ids are not in key
+    order, so each bound must be scaled by its own feature's std (scales differ 1..40)."""
+    rng = np.random.default_rng(7)
+    dim, used = 2**18, np.sort(rng.choice(2**18, size=40, replace=False))
+    rows = []
+    for _ in range(400):
+        cols = np.sort(rng.choice(40, size=6, replace=False))
+        vals = rng.normal(size=6) * (1.0 + cols)  # feature j's scale grows with j
+        margin = float(np.sum(vals / (1.0 + cols) * np.where(cols % 2, 1.5, -1.0)))
+        label = float(rng.random() < 1 / (1 + np.exp(-margin)))
+        rows.append((label, Vectors.sparse(dim, used[cols].tolist(), vals.tolist())))
+    df = spark.createDataFrame(rows, ["label", "features"])
+    upper = np.full(dim, 0.05)
+    params = dict(regParam=0.01, upperBoundsOnCoefficients=Matrices.dense(1, dim, upper))
+    ours, theirs = _both(df, **params)
+    a = ours.coefficients.toArray()
+    assert (a <= 0.05 + 1e-12).all() and np.isclose(a[used], 0.05).sum() >= 10
+    _same_optimum(ours, theirs)

@@ -100,6 +100,9 @@ def train_linear(prepared: PreparedData, problem: LinearProblem, name: str) -> L
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
     setup = setup_rows(prepared, dense_matrix=True)
     job = PSJob(ps, prepared.df, prepared.num_workers, setup, HANDLERS, name=name)
+    # A shard restart fails the fit with ShardRestarted (its slice of x, mean and std is
+    # gone) instead of letting it finish on zeroed state; these fits do not recover yet.
+    job.restarts = ps.client.shard_restarts()
     with job:
         ks = _key_space(job, ps, prepared, identity=True)
         extra = _extra_slots(problem)

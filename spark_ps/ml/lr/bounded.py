@@ -74,7 +74,8 @@ def box_of(
 ) -> Box | None:
     """The solver's box from the bounds Params, or None when none is set.
 
-    ``keys``/``ids``: the touched features and their compact ids; ``std`` per id.
+    ``keys``/``ids``: the touched features and their compact ids (a hashed key set numbers
+    them in another order than the keys); ``std`` indexed by id.
     """
     given = {name: params.get(name) for name in BOUND_PARAMS if params.get(name) is not None}
     if not given:
@@ -92,7 +93,7 @@ def box_of(
         )
     dim = ids.size + int(fit_intercept)
     lower, upper = np.full(dim, -math.inf), np.full(dim, math.inf)
-    std = np.asarray(std, dtype=np.float64)[: ids.size]
+    std = np.asarray(std, dtype=np.float64)[ids]  # by id -> in `keys` order (ids may permute)
     for name, out in (("lowerBoundsOnCoefficients", lower), ("upperBoundsOnCoefficients", upper)):
         if name in given:
             full = _matrix(given[name], name, num_features)
@@ -134,36 +135,34 @@ def minimize_lbfgsb(
 
     ids = np.arange(space.dim, dtype=np.int64)
     g_vec = space.new("lbfgsb.g")
-    seen: dict[bytes, float] = {}
+    last: dict = {}  # the newest evaluation: scipy asks again for the point it stands on
     history: list[float] = []
+    evals = [0]
 
     def fg(x: np.ndarray) -> tuple[float, np.ndarray]:
+        if last.get("x") is not None and np.array_equal(last["x"], x):
+            return last["f"], last["g"].copy()
         x0.update(ids, x)
         value = float(evaluate(x0, g_vec))
-        seen[x.tobytes()] = value
-        return value, np.asarray(g_vec.pull(ids), dtype=np.float64)
+        evals[0] += 1
+        grad = np.asarray(g_vec.pull(ids), dtype=np.float64)
+        last.update(x=x.copy(), f=value, g=grad)
+        return value, grad.copy()
 
     start = np.clip(np.asarray(x0.pull(ids), dtype=np.float64), box.lower, box.upper)
     history.append(fg(start)[0])
-    evals = [1]
 
     def on_iteration(xk: np.ndarray) -> None:
-        value = seen.get(xk.tobytes())
-        if value is None:
-            value = fg(xk)[0]
+        value = fg(xk)[0]
         history.append(value)
         if callback is not None:
             callback(IterationInfo(len(history) - 1, value, math.nan, math.nan, evals[0]))
-
-    def counted(x: np.ndarray) -> tuple[float, np.ndarray]:
-        evals[0] += 1
-        return fg(x)
 
     def side(v: float) -> float | None:
         return None if math.isinf(v) else float(v)
 
     res = minimize(
-        counted,
+        fg,
         start,
         jac=True,
         method="L-BFGS-B",
