@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python -m bench.chaos --minutes 12                # the full soak: at least 30 kills
-    python -m bench.chaos --minutes 2 --min-kills 6   # the CI size (tests/test_chaos.py)
+    python -m bench.chaos --minutes 1.5 --min-kills 4 --rows 6000   # a quick check
 
 A child process runs Spark on ``local-cluster[2,1,1024]`` (executors are separate JVMs) with
 an embedded PS and **default settings**, fits each estimator once undisturbed (its clean
