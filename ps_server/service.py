@@ -247,15 +247,19 @@ class Service:
         with self._lock:
             self.restarts += 1
         self.coordinator.count("restart")
-        self._back_off(i)
+        self._back_off(i, p.pid)
         self.procs[i] = self._spawn(i, self._primary_role)
 
-    def _back_off(self, i: int) -> None:
-        """Wait before restarting index `i` if it keeps dying young: 0.4 s after its second
-        death in a row within QUICK_DEATH_SECONDS of starting, doubling up to 30 s, so a shard
-        that cannot start (e.g. no checkpoint loads) is not respawned five times a second."""
+    def _back_off(self, i: int, pid: int) -> None:
+        """Wait before restarting index `i` if it keeps failing to start: 0.4 s after its
+        second death in a row within QUICK_DEATH_SECONDS of starting without having
+        registered, doubling up to 30 s, so a shard that cannot start (e.g. no checkpoint
+        loads) is not respawned five times a second. A shard that registered had started:
+        killing it, however soon, restarts it at once."""
         now = time.monotonic()
-        young = now - self._started.get(i, -1e9) < QUICK_DEATH_SECONDS
+        with self.coordinator.cond:
+            registered = self.coordinator.pids[i] == pid
+        young = now - self._started.get(i, -1e9) < QUICK_DEATH_SECONDS and not registered
         self._quick_deaths[i] = self._quick_deaths.get(i, 0) + 1 if young else 0
         n = self._quick_deaths[i]
         if n:

@@ -70,3 +70,31 @@ def test_a_shard_that_cannot_start_is_restarted_with_back_off(tmp_path):
     finally:
         svc.stop_event.set()
         supervisor.join(30)
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_that_started_is_restarted_at_once_however_soon_it_is_killed(caplog):
+    """A shard that registered had started: SIGKILLs a second apart (a chaos run, a test
+    killing the same shard at every phase of a fit) are each answered by a restart without
+    back-off, and none is logged as a crash loop."""
+    svc = Service(num_shards=2, token=TOKEN)
+    svc.start()
+    supervisor = threading.Thread(target=svc.supervise, daemon=True)
+    supervisor.start()
+    c = PSClient(svc.address, TOKEN)
+    try:
+        caplog.set_level("INFO", logger="ps_server.service")
+        for kill in range(4):
+            pid = svc.procs[1].pid
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while c.health()[1].pid == pid:  # health() retries until shard 1 answers
+                assert time.monotonic() < deadline, f"kill {kill}: shard 1 not back"
+                time.sleep(0.05)
+        assert svc.restarts == 4
+        loops = [r.getMessage() for r in caplog.records if "times in a row" in r.getMessage()]
+        assert loops == []
+    finally:
+        c.close()
+        svc.stop_event.set()
+        supervisor.join(30)
