@@ -433,7 +433,7 @@ def _resume_hooks(recovery: FitRecovery, space: PSVecSpace, stamps: list, resume
 
     def checkpoint(boundary: int, snapshot) -> None:
         recovery.boundary(boundary, lambda: snapshot(lambda v: v.name))
-        if space.dim <= _HELD_LIMIT:
+        if space.dim * space.cols <= _HELD_LIMIT:
             recovery.hold(boundary, lambda: warm_state(snapshot, lambda v: v.pull()))
 
     return {

@@ -23,10 +23,10 @@ from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
-from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _Phases, _resume_hooks
+from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _Phases, _release, _resume_hooks
 from spark_ps.ml.lr.estimator import TrainResult
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
-from spark_ps.ml.lr.optim import minimize_lbfgs
+from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
 from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 from spark_ps.ml.lr.softmax import constant_label_model, finish_multinomial, initial_intercepts
@@ -135,10 +135,13 @@ class _SoftmaxFit:
 
 
 def train_lbfgs_multinomial(prepared: PreparedData, params: dict) -> TrainResult:
-    """Fit MLlib's multinomial objective on the PS (``params["numClasses"]`` classes)."""
+    """Fit MLlib's multinomial objective on the PS (``params["numClasses"]`` classes).
+
+    Recovery as the binomial fit's (`spark_ps.ml.lr.distributed.train_lbfgs`): set-up
+    inside the attempt, so a shard restart at any moment redoes what it lost, and a warm
+    restart from the iterate the driver held (up to 2^27 coefficients, keys x classes)."""
     phases = _Phases(time.perf_counter())
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    fit_intercept, K = bool(params["fitIntercept"]), int(params["numClasses"])
     job = PSJob(
         ps,
         prepared.df,
@@ -150,34 +153,42 @@ def train_lbfgs_multinomial(prepared: PreparedData, params: dict) -> TrainResult
     with job:
         interval = params.get("checkpointInterval", -1)
         recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-        ks = _key_space(job, ps, prepared, phases, identity=True)
-        space = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=job.topic, cols=K)
+        built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
+        stamps: list[float] = []  # iteration timestamps, over every attempt
+
+        def attempt(resume: dict | None) -> TrainResult:
+            if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
+                _release(built)
+                _set_up(built, job, ps, prepared, params, phases, recovery.prefix)
+            if "result" in built:
+                return built["result"]
+            return _solve(built, stamps, params, phases, recovery, resume)
+
         try:
-            return _solve(job, space, ks, params, phases, recovery)
+            return recovery.run(attempt)
         finally:  # clean-up must not hide the fit's own error (see best_effort)
-            best_effort("releasing the solver's PS matrices", space.release_all)
-            if ks.keyset is not None:
-                best_effort("dropping the key set", ks.keyset.drop)
+            _release(built)
 
 
-def _solve(
-    job: PSJob,
-    space: PSVecSpace,
-    ks: _KeySpace,
-    params: dict,
-    phases: _Phases,
-    recovery: FitRecovery,
-) -> TrainResult:
-    fit = _SoftmaxFit(job, space, ks, params)
-    K, fit_intercept = fit.K, fit.fit_intercept
+def _set_up(
+    built: dict, job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix: str
+) -> None:
+    """Key space, statistics, the solver's constant matrices and start point, named under
+    `prefix`, into `built` as they are made; built["result"] when one class is seen."""
+    fit_intercept, K = bool(params["fitIntercept"]), int(params["numClasses"])
+    built["ks"] = ks = _key_space(job, ps, prepared, phases, identity=True, prefix=prefix)
+    space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix, cols=K)
+    fit = built["fit"] = _SoftmaxFit(job, space, ks, params)
     mean, std, hist = fit.stats()
     phases.mark("statistics")
     if fit_intercept and np.count_nonzero(hist) == 1:
         log.warning("all labels are %d and fitIntercept=true: coefficients are 0", hist.argmax())
         empty = np.zeros((0, K))
-        return _result(ks, np.zeros(0, np.int64), empty, constant_label_model(hist), [0.0], 0)
+        model = constant_label_model(hist)
+        built["result"] = _result(ks, np.zeros(0, np.int64), empty, model, [0.0], 0)
+        return
     mask = fit.coef_mask()
-    vecs = build_lr_vectors(
+    built["vecs"] = build_lr_vectors(
         space,
         mean,
         std,
@@ -187,11 +198,26 @@ def _solve(
         standardization=params["standardization"],
         fit_intercept=fit_intercept,
     )
-    x = space.new("x")
+    x = built["x"] = space.new("x")
     if fit_intercept:
         x.update(np.array([space.dim - 1]), initial_intercepts(hist)[None, :])
     phases.mark("solver vectors")
-    stamps: list[float] = []
+
+
+def _solve(
+    built: dict,
+    stamps: list[float],
+    params: dict,
+    phases: _Phases,
+    recovery: FitRecovery,
+    resume: dict | None,
+) -> TrainResult:
+    """Run the solver from `built`'s start point, or from `resume` (a rollback's state),
+    then read the coefficients back."""
+    ks, space, fit, vecs = built["ks"], built["space"], built["fit"], built["vecs"]
+    K, fit_intercept, x = fit.K, fit.fit_intercept, built["x"]
+    if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
+        x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
     evaluate = fit.objective(vecs)
     bar = Progress("spark-ps LogisticRegression (multinomial)", int(params["maxIter"]))
 
@@ -205,36 +231,34 @@ def _solve(
         stamps.append(time.perf_counter() - phases.start)
         bar.update(info.iteration, loss=info.value)
 
-    def solve(resume: dict | None) -> TrainResult:
-        res = minimize_lbfgs(
-            space,
-            timed_evaluate,
-            x,
-            max_iter=params["maxIter"],
-            tol=params["tol"],
-            m=10,
-            l1=vecs.l1_weight,
-            callback=progress,
-            **_resume_hooks(recovery, space, stamps, resume),
-        )
-        bar.close()
-        phases.mark("iterations")
-        intercepts = fit.offsets(res.x, vecs)
-        coef_h = space.new("coefficients")
-        space.apply("multiply", coef_h, res.x, vecs.inv_std)
-        keys, ids = ks.touched()
-        coef = coef_h.pull(ids).reshape(-1, K) if keys.size else np.zeros((0, K))
-        space.release(coef_h)
-        coef, intercepts = finish_multinomial(
-            coef, intercepts, reg_param=params["regParam"], fit_intercept=fit_intercept
-        )
-        result = _result(ks, keys, coef, intercepts, list(res.objective_history), res.n_iter)
-        result.iteration_timestamps = stamps
-        phases.mark("coefficients")
-        result.phases = dict(phases.seconds)
-        return result
-
-    return recovery.run(solve)
+    res = minimize_lbfgs(
+        space,
+        timed_evaluate,
+        x,
+        max_iter=params["maxIter"],
+        tol=params["tol"],
+        m=10,
+        l1=vecs.l1_weight,
+        callback=progress,
+        **_resume_hooks(recovery, space, stamps, resume),
+    )
+    bar.close()
+    phases.mark("iterations")
+    built["x"] = res.x  # the solver's working vectors were swapped: release the live one
+    intercepts = fit.offsets(res.x, vecs)
+    coef_h = space.new("coefficients")
+    space.apply("multiply", coef_h, res.x, vecs.inv_std)
+    keys, ids = ks.touched()
+    coef = coef_h.pull(ids).reshape(-1, K) if keys.size else np.zeros((0, K))
+    space.release(coef_h)
+    coef, intercepts = finish_multinomial(
+        coef, intercepts, reg_param=params["regParam"], fit_intercept=fit_intercept
+    )
+    result = _result(ks, keys, coef, intercepts, list(res.objective_history), res.n_iter)
+    result.iteration_timestamps = list(stamps)
+    phases.mark("coefficients")
+    result.phases = dict(phases.seconds)
+    return result
 
 
 def _result(ks: _KeySpace, keys, coef, intercepts, history, iters) -> TrainResult:
