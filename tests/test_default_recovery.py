@@ -178,6 +178,44 @@ def test_multinomial_fit_survives_kills_in_set_up_iterations_and_final_pull(spar
 
 
 @pytest.mark.slow
+def test_linear_regression_and_svc_survive_kills_in_set_up_iterations_and_final_pull(
+    spark_ps, kill_after, monkeypatch
+):
+    """LinearRegression (squared error) and LinearSVC (hinge, OWL-QN) recover as LR does:
+    kills in the statistics round and the first gradient round start over, one ~15
+    iterations in resumes from the iterate held at iteration 10, one while the
+    coefficients are read back resumes from the last held one. L2 (0.05) makes each
+    objective 0.05-strongly convex in standardized space, so both stopping points of
+    tol=1e-10 are within |g|/0.05 ~ 1e-7 of the optimum: coefficients within 1e-5."""
+    from spark_ps.ml.classification import LinearSVC
+    from spark_ps.ml.regression import LinearRegression
+
+    spark, ps = spark_ps
+    df = _correlated_df(spark, n=1200, d=12, seed=9)
+    for est in (
+        LinearRegression(maxIter=200, regParam=0.05, tol=1e-10, solver="l-bfgs"),
+        LinearSVC(maxIter=200, regParam=0.05, tol=1e-10),
+    ):
+        clean = est.fit(df)
+        summary = clean.summary() if callable(clean.summary) else clean.summary  # as pyspark's
+        assert summary.totalIterations > 20  # the kill in round 16 lands mid-fit
+        before, models = ps.metrics(), set(ps.client.models())
+        killed = kill_after({"linear_stats": [0], "linear_grad": [0, 16], "final": [0]})
+        k0 = len(killed)  # the fixture's one list holds every estimator's victims
+        faulted = est.fit(df)
+        assert len(killed) - k0 == 4, est
+        after = _delta(ps, before)
+        assert after["restart"] == 4 and after["restore"] == 4
+        assert after["iteration_lost"] > 0  # a warm restart went back to a held iterate
+        assert set(ps.client.models()) <= models  # the fit left no tensor behind
+        np.testing.assert_allclose(
+            faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-5
+        )
+        assert faulted.intercept == pytest.approx(clean.intercept, abs=1e-5)
+        monkeypatch.undo()  # disarm: the next estimator's plan starts afresh
+
+
+@pytest.mark.slow
 def test_minibatch_fit_survives_kills_in_set_up_and_epochs(spark_ps, kill_after):
     """sgd (BSP, default staleness): kills while keys are numbered, in epoch 2 and as the
     weights are read back; each starts the fit over (the optimizer's state lives only on

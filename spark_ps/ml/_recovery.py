@@ -70,6 +70,8 @@ class FitRecovery:
     `ps_state`: the fit's model lives on the PS between boundaries (LR): a rollback needs
     a PS checkpoint or the state the driver held (`hold`), else the fit
     starts over; otherwise (GBT) the last boundary's driver state is enough.
+    `checkpoints=False`: never write PS checkpoints; a rollback resumes from the state
+    the driver held, or starts over (fits whose set-up is not restorable from tensors).
     `watch=False`: only checkpoint at boundaries, never roll back (GBT's boosting: its
     workers grow trees on their own, so a shard restart fails their rendezvous, the driver
     relaunches the barrier job and the new tasks resume from the trees the driver has read).
@@ -87,10 +89,12 @@ class FitRecovery:
         what: str,
         watch: bool = True,
         snapshot: Callable[[dict], dict] = copy.deepcopy,
+        checkpoints: bool = True,
     ) -> None:
         self.job, self.ps, self.what = job, job.ps, what
         self._snapshot = snapshot  # a copy of the driver's state that later steps don't change
-        self.uri = getattr(self.ps, "checkpoint_dir", "") or ""
+        # checkpoints=False: driver-held state only, even with spark.ps.checkpointDir set
+        self.uri = (getattr(self.ps, "checkpoint_dir", "") or "") if checkpoints else ""
         self.interval, self.ps_state = int(interval), ps_state
         self.restores = 0
         self.iteration = 0  # the last boundary reached

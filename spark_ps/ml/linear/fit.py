@@ -26,11 +26,12 @@ import numpy as np
 
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.linear.rounds import HANDLERS, LABEL_STATS
-from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _result
+from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _release, _result, _resume_hooks
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
-from spark_ps.ml.lr.optim import minimize_lbfgs
+from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
 from spark_ps.ml.lr.rounds import setup_rows
 from spark_ps.models import PSMatrix
@@ -94,25 +95,38 @@ class _Labels:
 
 
 def train_linear(prepared: PreparedData, problem: LinearProblem, name: str) -> LinearFit:
-    """Fit ``problem`` on ``prepared`` with the model on the PS (see the module doc)."""
+    """Fit ``problem`` on ``prepared`` with the model on the PS (see the module doc).
+
+    A shard restart at any moment rolls the fit back as LogisticRegression's default mode
+    does: the set-up is redone under fresh names and the solver goes on from the iterate
+    the driver held every HOLD_INTERVAL iterations (or starts over). These fits write no
+    PS checkpoints: their set-up (label statistics) is not restorable from tensors."""
     if problem.loss not in LOSSES:
         raise ValueError(f"loss {problem.loss!r} is not one of {', '.join(LOSSES)}")
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
     setup = setup_rows(prepared, dense_matrix=True)
     job = PSJob(ps, prepared.df, prepared.num_workers, setup, HANDLERS, name=name)
-    # A shard restart fails the fit with ShardRestarted (its slice of x, mean and std is
-    # gone) instead of letting it finish on zeroed state; these fits do not recover yet.
-    job.restarts = ps.client.shard_restarts()
     with job:
-        ks = _key_space(job, ps, prepared, identity=True)
-        extra = _extra_slots(problem)
-        space = PSVecSpace(ps, ks.size + extra, prefix=job.topic)
+        recovery = FitRecovery(job, HOLD_INTERVAL, ps_state=True, what=name, checkpoints=False)
+        built: dict = {}
+        stamps: list[float] = []
+
+        def attempt(resume: dict | None) -> LinearFit:
+            _release(built)  # every rollback redoes the set-up (no PS checkpoints)
+            built["ks"] = ks = _key_space(job, ps, prepared, identity=True, prefix=recovery.prefix)
+            extra = _extra_slots(problem)
+            built["space"] = PSVecSpace(ps, ks.size + extra, prefix=recovery.prefix)
+            hooks = _resume_hooks(recovery, built["space"], stamps, resume)
+            return _Solve(job, built["space"], ks, problem).run(hooks, resume)
+
         try:
-            return _Solve(job, space, ks, problem).run()
+            return recovery.run(attempt)
         finally:  # clean-up must not hide the fit's own error (see best_effort)
-            best_effort("releasing the solver's PS vectors", space.release_all)
-            if ks.keyset is not None:
-                best_effort("dropping the key set", ks.keyset.drop)
+            _release(built)
+
+
+#: Iterations between the iterates the driver holds to resume from after a shard restart.
+HOLD_INTERVAL = 10
 
 
 def _extra_slots(problem: LinearProblem) -> int:
@@ -168,7 +182,9 @@ class _Solve:
 
     # ------------------------------------------------------------------ the fit
 
-    def run(self) -> LinearFit:
+    def run(self, hooks: dict, resume: dict | None) -> LinearFit:
+        """The fit; `hooks` are minimize_lbfgs's checkpoint/resume hooks, `resume` the
+        state a rollback returned (a held iterate) or None."""
         p, space = self.p, self.space
         mean, std, labels = self.stats()
         if p.loss == "hinge" and labels.n_bad:
@@ -214,14 +230,20 @@ class _Solve:
         if p.loss == "hinge":  # MLlib's LinearSVC runs OWL-QN with a zero L1 weight
             l1 = space.new("l1_zero")
         x = self._initial_point(centered)
+        if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
+            x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
         evaluate = self._objective(vecs, centered, y_mean, y_std)
         if _normal_equations(p, int(self.ks.num_features)):
             # MLlib's closed form: the same optimum, reached here by iterating to convergence
-            res = minimize_lbfgs(space, evaluate, x, max_iter=10_000, tol=1e-13, m=10, l1=l1)
+            res = minimize_lbfgs(
+                space, evaluate, x, max_iter=10_000, tol=1e-13, m=10, l1=l1, **hooks
+            )
             fit = self._result(res, vecs, centered, mean, y_mean, y_std)
             fit.objective_history, fit.total_iterations = [0.0], 0
             return fit
-        res = minimize_lbfgs(space, evaluate, x, max_iter=p.max_iter, tol=p.tol, m=10, l1=l1)
+        res = minimize_lbfgs(
+            space, evaluate, x, max_iter=p.max_iter, tol=p.tol, m=10, l1=l1, **hooks
+        )
         return self._result(res, vecs, centered, mean, y_mean, y_std)
 
     def _initial_point(self, centered):
