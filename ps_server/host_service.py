@@ -96,6 +96,7 @@ class HostService(Service):
         c = self.coordinator
         with c.cond:
             c.addresses, c.pids, c.backups = [""] * n, [0] * n, [""] * n
+            c.terms = [0] * n
 
     def _spawn(self, index: int, role: str) -> RemoteShard | None:
         """A new launch of `index` on a host other than its other replica's."""

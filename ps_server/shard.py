@@ -290,7 +290,7 @@ class ShardServicer(pb_grpc.ShardServicer):
 
     @_guard
     def Configure(self, request, context):
-        return pb.Ack(value=self._replica().configure(request))
+        return self._replica().configure(request)
 
     @_guard
     def Digest(self, request, context):
