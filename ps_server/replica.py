@@ -56,6 +56,12 @@ from ps_server import checkpoint
 from ps_server.fencing import ReplicaState
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.timeouts import (
+    DROP_CONFIRM_SECONDS,
+    FORWARD_SECONDS,
+    retry_horizon,
+    seed_seconds,
+)
 from ps_server.wire import TOKEN_KEY, RequestError
 
 if TYPE_CHECKING:
@@ -74,24 +80,9 @@ REQUEST_ID_KEY = "x-spark-ps-request"
 _WINDOW_BYTES = 256 << 20
 
 
-def retry_horizon() -> float:
-    """Seconds a replica remembers each answer ($SPARK_PS_RETRY_HORIZON, default 300): a
-    client retries a request for up to its rpcTimeout plus its retry window (120 s + 90 s
-    by default), so a retry within that time is answered from memory, never applied again."""
-    return float(os.environ.get("SPARK_PS_RETRY_HORIZON", "300"))
-
-
 _SEED_CHUNK = 4 << 20
-#: A seed's deadline grows by one second per this many bytes (beyond _FORWARD_TIMEOUT).
-_SEED_BYTES_PER_SECOND = 10e6
 #: Mutations logged during a seed that are replayed with the lock held (the rest before).
 _CATCH_UP_UNDER_LOCK = 64
-#: A forward's deadline when the client set none; else the client's own (a backup is
-#: dropped, and replaced, only when it is slower than the client is willing to wait).
-_FORWARD_TIMEOUT = 60.0
-#: One attempt to have the coordinator forget a dropped backup (the client's retries
-#: drive the next ones; the mutation lock is held meanwhile).
-_DROP_CONFIRM_SECONDS = 2.0
 #: Forwards are client requests the primary accepted: the backup (same --max-request-mb,
 #: plus FORWARD_ENVELOPE_BYTES on Replicate) is the one to refuse, not this channel.
 _OPTIONS = [
@@ -277,7 +268,7 @@ class Replica:
         return self._backup_stub.Replicate.future(
             forward,
             metadata=self._md,
-            timeout=deadline if deadline and deadline > 0 else _FORWARD_TIMEOUT,
+            timeout=deadline if deadline and deadline > 0 else FORWARD_SECONDS,
         )
 
     def _settle(
@@ -331,7 +322,7 @@ class Replica:
         )
         try:
             self._coordinator_stub().DropReplica(
-                req, metadata=self._md, timeout=_DROP_CONFIRM_SECONDS
+                req, metadata=self._md, timeout=DROP_CONFIRM_SECONDS
             )
         except grpc.RpcError as e:
             if self._coord_channel is not None:  # the next attempt connects afresh
@@ -416,7 +407,7 @@ class Replica:
                 nbytes = f.tell()
                 f.seek(0)
                 channel, stub = self._connect(address)
-                timeout = _FORWARD_TIMEOUT + nbytes / _SEED_BYTES_PER_SECOND
+                timeout = seed_seconds(nbytes)
                 chunks = iter(lambda: f.read(self.seed_chunk), b"")
                 stub.Seed(
                     (pb.SeedChunk(data=c, term=term, seq=seq) for c in chunks),
@@ -460,7 +451,7 @@ class Replica:
 
     def _replay(self, stub: pb_grpc.ShardStub, batch: list[pb.ReplicateRequest]) -> None:
         for req in batch:
-            stub.Replicate(req, metadata=self._md, timeout=_FORWARD_TIMEOUT)
+            stub.Replicate(req, metadata=self._md, timeout=FORWARD_SECONDS)
 
     def _connect(self, address: str) -> tuple[grpc.Channel | None, pb_grpc.ShardStub]:
         """A channel to a backup and its stub (the protocol harness replaces this)."""

@@ -27,7 +27,7 @@ import time
 
 import grpc
 
-from ps_server import checkpoint, fencing, lifecycle, tls
+from ps_server import checkpoint, fencing, lifecycle, timeouts, tls
 from ps_server.auth import AioTokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
 from ps_server.loop_server import LoopServer
@@ -51,7 +51,7 @@ _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS
 log = logging.getLogger("ps_server.service")
 READY_PREFIX = "SPARK_PS_READY "
 #: A shard that dies this soon after (re)starting counts towards its restart back-off.
-QUICK_DEATH_SECONDS = 10.0
+QUICK_DEATH_SECONDS = timeouts.QUICK_DEATH_SECONDS
 
 
 class Service:
@@ -354,7 +354,7 @@ class Service:
                 min_seq=min_seq,
             ),
             metadata=((TOKEN_KEY, self.token),),
-            timeout=300,
+            timeout=timeouts.configure_seconds(int(self.shard_memory_mb * (1 << 20))),
         )
 
     def _close_channels(self) -> None:
