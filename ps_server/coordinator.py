@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from ps_server import fencing
 from ps_server.idle import LastUse, idle_ttl
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
@@ -76,6 +77,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
         self.joining: dict[int, tuple[str, int]] = {}  # index -> (address, pid) to seed
         self.dropped: set[tuple[int, str]] = set()  # backups never to attach or promote
+        # replication terms (ps_server.fencing): the current primary's, per index, and the
+        # (term, seq) each attached backup was attached at
+        self.terms = [0] * num_shards
+        self.attached: dict[int, tuple[int, int]] = {}
         self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
         self.epoch = 0
         self.restarts = 0  # primaries (re)started: their state is a checkpoint's (or empty)
@@ -188,7 +193,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_guard
     async def RegisterShard(self, request, context):
-        """A primary (or solo shard) enters the map; a backup waits to be seeded."""
+        return self.register_shard(request)
+
+    def register_shard(self, request: pb.RegisterShardRequest) -> pb.ShardMap:
+        """A primary (or solo shard) enters the map in a new term; a backup waits to be
+        seeded."""
         with self.cond:
             self._check_index(request.index)
             if self.hosts is not None and request.host_id:
@@ -199,27 +208,32 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.addresses[request.index] = request.address
                 self.pids[request.index] = request.pid
                 self.backups[request.index] = ""  # a new primary starts without a backup
+                self.attached.pop(request.index, None)
                 self.epoch += 1
+                self.terms[request.index] = self.epoch  # a new term: the old one is fenced
                 self.restarts += 1
             self._notify(_SHARDS)
             return self._map()
 
     @_guard
     async def DropReplica(self, request, context):
+        return self.drop_replica(request)
+
+    def drop_replica(self, request: pb.RegisterShardRequest) -> pb.ShardMap:
         """The primary of `index` could not update its backup: never promote that one.
 
-        Refused to a process that is no longer the primary (its backup was promoted while
-        it was cut off): it must step down rather than acknowledge on its own.
+        Refused to a primary of an older term (its backup was promoted while it was cut
+        off): it must step down rather than acknowledge on its own (``fencing.drop_refusal``).
         """
+        i = request.index
         with self.cond:
-            self._check_index(request.index)
-            if request.pid and request.pid != self.pids[request.index]:
+            self._check_index(i)
+            why = fencing.drop_refusal(self.terms[i], self.pids[i], request.term, request.pid)
+            if why is not None:
                 raise RequestError(
-                    "FAILED_PRECONDITION",
-                    f"shard {request.index}: process {request.pid} is no longer its primary "
-                    f"(process {self.pids[request.index]} at {self.addresses[request.index]} is)",
+                    "FAILED_PRECONDITION", f"shard {i} (primary {self.addresses[i]}): {why}"
                 )
-            self.drop_backup(request.index, request.address)
+            self.drop_backup(i, request.address)
             return self._map()
 
     def drop_backup(self, index: int, address: str) -> bool:
@@ -233,34 +247,58 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             if self.backups[index] != address:
                 return False
             self.backups[index] = ""
+            self.attached.pop(index, None)
             self.counters["backup_lost"] += 1
             self._notify(_SHARDS)
             return True
 
-    def attach_backup(self, index: int, address: str, resync: bool = True) -> bool:
-        """A seeded backup of `index` now receives every update (called by the supervisor);
-        False, and not attached, if its primary dropped it meanwhile."""
+    def attach_backup(
+        self, index: int, address: str, term: int, seq: int, resync: bool = True
+    ) -> bool:
+        """A backup of `index`, seeded by the primary of `term`, receives every update from
+        that primary's `seq` on (the supervisor's Configure answered both); False, and not
+        attached, if its primary dropped it meanwhile or the index moved to another term."""
         with self.cond:
             self.joining.pop(index, None)
-            if (index, address) in self.dropped:
+            why = fencing.attach_refusal(self.terms[index], term, (index, address) in self.dropped)
+            if why is not None:
+                log.warning("shard %d: backup %s not attached: %s", index, address, why)
                 return False
             self.dropped = {d for d in self.dropped if d[0] != index}  # those are gone
             self.backups[index] = address
+            self.attached[index] = (term, seq)
             self.counters["resync"] += int(resync)
             self._notify(_SHARDS)
             return True
 
-    def promote(self, index: int, pid: int) -> str:
-        """The backup of `index` (process `pid`) becomes its primary; returns its address."""
+    def fence(self, index: int) -> fencing.Promotion | None:
+        """Start promoting the backup of `index`: move the index to a new term at once (the
+        old primary's drops are refused from now on), and say which backup to promote, in
+        which term, and what it must prove (``fencing.promotion``). None, and no new term,
+        if no backup is promotable."""
+        with self.cond:
+            offer = fencing.promotion(
+                self.backups[index], self.attached.get(index), self.terms[index], self.epoch + 1
+            )
+            if offer is not None:
+                self.epoch = self.terms[index] = offer.term
+                self._notify(_SHARDS)
+            return offer
+
+    def promote(self, index: int, pid: int, term: int) -> str:
+        """The backup of `index` (process `pid`), which became primary in `term` (``fence``),
+        is its primary in the map; returns its address ("" if the index moved on since)."""
         with self.cond:
             address = self.backups[index]
-            if address:
+            if address and self.terms[index] == term:
                 self.addresses[index], self.backups[index] = address, ""
+                self.attached.pop(index, None)
                 self.pids[index] = pid
                 self.epoch += 1
                 self.counters["promotion"] += 1
                 self._notify(_SHARDS)
-            return address
+                return address
+            return ""
 
     @_guard
     async def RegisterModel(self, request, context):

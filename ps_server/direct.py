@@ -37,6 +37,7 @@ import struct
 import threading
 from collections.abc import Callable
 
+from ps_server import timeouts
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError, check_request_size
 
@@ -56,7 +57,7 @@ MAX_PENDING = 64
 
 def handshake_timeout() -> float:
     """Seconds a new connection has to send its first frame ($SPARK_PS_HANDSHAKE_TIMEOUT)."""
-    return float(os.environ.get("SPARK_PS_HANDSHAKE_TIMEOUT", "10"))
+    return timeouts.handshake_timeout()
 
 
 def enabled() -> bool:

@@ -23,7 +23,7 @@ import logging
 import subprocess
 import sys
 
-from ps_server import lifecycle
+from ps_server import lifecycle, timeouts
 from ps_server.hosts import HostTable, RemoteShard
 from ps_server.service import READY_PREFIX, Service
 from ps_server.wire import DEFAULT_MAX_REQUEST_MB
@@ -34,7 +34,7 @@ log = logging.getLogger("ps_server.hosts")
 #: Printed once the coordinator accepts hosts (before they join; READY_PREFIX follows).
 LISTENING_PREFIX = "SPARK_PS_LISTENING "
 #: Seconds without a heartbeat after which a host is lost (its lease).
-DEFAULT_HOST_TIMEOUT = 10.0
+DEFAULT_HOST_TIMEOUT = timeouts.HOST_LEASE_SECONDS
 
 
 class HostService(Service):
@@ -96,6 +96,7 @@ class HostService(Service):
         c = self.coordinator
         with c.cond:
             c.addresses, c.pids, c.backups = [""] * n, [0] * n, [""] * n
+            c.terms = [0] * n
 
     def _spawn(self, index: int, role: str) -> RemoteShard | None:
         """A new launch of `index` on a host other than its other replica's."""

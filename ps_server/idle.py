@@ -7,22 +7,23 @@ and whatever has been idle for ``ttl`` seconds is dropped: a service that runs f
 holds what its recent fits use, not everything every fit ever posted.
 
 The ttl ($SPARK_PS_COORDINATOR_TTL, default 7200 s) is kept above the longest wait a call
-may ask for (``ps_server.waiting.MAX_WAIT_SECONDS``), so nothing is dropped under a call
+may ask for (``ps_server.timeouts.MAX_WAIT_SECONDS``), so nothing is dropped under a call
 that still waits on it.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Hashable
+
+from ps_server import timeouts
 
 __all__ = ["LastUse", "idle_ttl"]
 
 
 def idle_ttl() -> float:
     """Seconds an unused coordinator entry is kept ($SPARK_PS_COORDINATOR_TTL)."""
-    return float(os.environ.get("SPARK_PS_COORDINATOR_TTL", "7200"))
+    return timeouts.coordinator_ttl()
 
 
 class LastUse:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import grpc
 
+from ps_server import timeouts
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
@@ -82,7 +83,7 @@ def register_with_coordinator(
     token: str,
     index: int,
     own: str,
-    timeout: float = 30.0,
+    timeout: float = timeouts.REGISTER_SECONDS,
     backup: bool = False,
     launch: tuple[str, int] = ("", 0),
 ) -> None:
@@ -108,7 +109,7 @@ def register_with_coordinator(
                         incarnation=incarnation,
                     ),
                     metadata=((TOKEN_KEY, token),),
-                    timeout=5,
+                    timeout=timeouts.REGISTER_CALL_SECONDS,
                 )
                 return
             except grpc.RpcError as e:  # a superseded launch is refused for good

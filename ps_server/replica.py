@@ -25,9 +25,14 @@ primary seeds with a snapshot of its whole state (models, optimizer state,
 pending exactly-once contributions, remembered answers; see ``_seed_backup``), and
 the coordinator never attaches a backup its primary dropped while it was seeded.
 A primary that was cut off while its backup was promoted (a host that lost its
-lease, ``ps_server.hosts``) learns it there: the coordinator refuses its drop, and
-it steps down (role "deposed") without acknowledging, so the client retries the
-same request id on the new primary.
+lease, ``ps_server.hosts``) learns it from the promoted replica, which refuses its
+forwards as fenced, or from the coordinator, which refuses its drop: it steps down
+(role "deposed") without acknowledging, so the client retries the same request id on
+the new primary.
+
+Fencing (terms on every replication message, sequence numbers that prove a backup
+current) is decided by the pure steps of ``ps_server.fencing``; this module does the
+I/O around them.
 """
 
 from __future__ import annotations
@@ -48,8 +53,15 @@ import grpc
 import numpy as np
 
 from ps_server import checkpoint
+from ps_server.fencing import ReplicaState
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.timeouts import (
+    DROP_CONFIRM_SECONDS,
+    FORWARD_SECONDS,
+    retry_horizon,
+    seed_seconds,
+)
 from ps_server.wire import TOKEN_KEY, RequestError
 
 if TYPE_CHECKING:
@@ -68,24 +80,9 @@ REQUEST_ID_KEY = "x-spark-ps-request"
 _WINDOW_BYTES = 256 << 20
 
 
-def retry_horizon() -> float:
-    """Seconds a replica remembers each answer ($SPARK_PS_RETRY_HORIZON, default 300): a
-    client retries a request for up to its rpcTimeout plus its retry window (120 s + 90 s
-    by default), so a retry within that time is answered from memory, never applied again."""
-    return float(os.environ.get("SPARK_PS_RETRY_HORIZON", "300"))
-
-
 _SEED_CHUNK = 4 << 20
-#: A seed's deadline grows by one second per this many bytes (beyond _FORWARD_TIMEOUT).
-_SEED_BYTES_PER_SECOND = 10e6
 #: Mutations logged during a seed that are replayed with the lock held (the rest before).
 _CATCH_UP_UNDER_LOCK = 64
-#: A forward's deadline when the client set none; else the client's own (a backup is
-#: dropped, and replaced, only when it is slower than the client is willing to wait).
-_FORWARD_TIMEOUT = 60.0
-#: One attempt to have the coordinator forget a dropped backup (the client's retries
-#: drive the next ones; the mutation lock is held meanwhile).
-_DROP_CONFIRM_SECONDS = 2.0
 #: Forwards are client requests the primary accepted: the backup (same --max-request-mb,
 #: plus FORWARD_ENVELOPE_BYTES on Replicate) is the one to refuse, not this channel.
 _OPTIONS = [
@@ -132,8 +129,9 @@ class Replica:
     ) -> None:
         if role not in ("primary", "backup"):
             raise ValueError(f"replica role must be primary or backup, got {role!r}")
-        self.servicer, self.role = servicer, role
-        self.seeded = role == "primary"  # a backup serves nothing until seeded
+        self.servicer, self.pid = servicer, os.getpid()
+        # role, term, seq; a backup serves nothing until seeded
+        self.state = ReplicaState(role, seeded=role == "primary")
         # seed chunks stay under the request limit that the backup (same flags) enforces
         self.seed_chunk = min(_SEED_CHUNK, max_request_bytes or _SEED_CHUNK)
         self.max_request_bytes = max_request_bytes
@@ -153,8 +151,16 @@ class Replica:
         self.apply_seconds = self.forward_seconds = 0.0
 
     @property
+    def role(self) -> str:
+        return self.state.role
+
+    @property
+    def seeded(self) -> bool:
+        return self.state.seeded
+
+    @property
     def where(self) -> str:
-        return f"shard {self.servicer.index} ({self.role}, pid {os.getpid()})"
+        return f"shard {self.servicer.index} ({self.role}, pid {self.pid})"
 
     def check_serving(self) -> None:
         """Clients talk to primaries only; a backup sends them back to the shard map."""
@@ -177,11 +183,13 @@ class Replica:
         backup; the backup's copy is sent first, so both apply it at the same time.
         `deadline`: seconds the client still waits (the forward's deadline)."""
         with self.lock:
+            self.check_serving()  # deposed meanwhile: acknowledge nothing
             self._confirm_drop()  # a dropped backup the coordinator still lists: ack nothing
             known = self.answers.get(rid) if rid else None
             if known is not None:
                 return known[1]
-            pending = self._send(method, request, rid, deadline)
+            forward = _forward(method, request, rid, *self.state.forward())
+            pending = self._send(forward, deadline)
             t = time.perf_counter()
             try:
                 answer = run()
@@ -190,10 +198,11 @@ class Replica:
                     self._settle(method, pending, None, e)
                 raise
             self._remember(method, rid, answer)
+            self.state.applied()
             self.applied += 1
             self.apply_seconds += time.perf_counter() - t
             if self._log is not None:  # a backup is being seeded: it gets this afterwards
-                self._log.append(_forward(method, request, rid))
+                self._log.append(forward)
             if pending is not None:
                 t = time.perf_counter()
                 self._settle(method, pending, answer, None)
@@ -201,17 +210,18 @@ class Replica:
         return answer
 
     def replicate(self, request: pb.ReplicateRequest, handlers: dict) -> pb.ReplicateResponse:
-        """Backup side: apply a request the primary already applied, in arrival order."""
-        if self.role != "backup":
-            raise RequestError("FAILED_PRECONDITION", f"{self.where} is not a backup")
-        if not self.seeded:
-            raise RequestError("FAILED_PRECONDITION", f"{self.where} is not seeded yet")
+        """Backup side: apply a request the primary already applied, in its order: only the
+        next one (`seq`) of the term we were seeded in (``fencing.ReplicaState``)."""
         if request.method not in MUTATIONS:
             raise RequestError("INVALID_ARGUMENT", f"cannot replicate {request.method!r}")
         req_type, _, _ = MUTATIONS[request.method]
         req = req_type.FromString(request.request)
         rid = request.request_id
         with self.lock:
+            try:
+                self.state.check_replicate(request.term, request.seq)
+            except RequestError as e:
+                raise RequestError(e.code, f"{self.where}: {e}") from None
             known = self.answers.get(rid) if rid else None
             if known is not None:
                 answer = known[1]
@@ -221,6 +231,7 @@ class Replica:
                 self._remember(request.method, rid, answer)
                 self.applied += 1
                 self.apply_seconds += time.perf_counter() - t
+            self.state.applied()
         if request.method in _UNCOMPARED:
             return pb.ReplicateResponse()
         return pb.ReplicateResponse(response=answer.SerializeToString())
@@ -251,15 +262,13 @@ class Replica:
         self._stamps.popleft()
         self._answer_bytes -= old.ByteSize()
 
-    def _send(
-        self, method: str, request: Message, rid: str, deadline: float | None
-    ) -> grpc.Future | None:
+    def _send(self, forward: pb.ReplicateRequest, deadline: float | None) -> grpc.Future | None:
         if self._backup_stub is None:
             return None
         return self._backup_stub.Replicate.future(
-            _forward(method, request, rid),
+            forward,
             metadata=self._md,
-            timeout=deadline if deadline and deadline > 0 else _FORWARD_TIMEOUT,
+            timeout=deadline if deadline and deadline > 0 else FORWARD_SECONDS,
         )
 
     def _settle(
@@ -270,6 +279,11 @@ class Replica:
         try:
             got = pending.result()
         except grpc.RpcError as e:
+            if self.state.refused(e.details()):  # a newer term exists: we were deposed
+                log.error("%s: stepping down: %s", self.where, e.details())
+                raise RequestError(
+                    "UNAVAILABLE", f"{self.where}: {e.details()}; re-read the shard map"
+                ) from None
             if isinstance(error, RequestError) and e.code().name == error.code:
                 return
             self._drop_backup(f"{method} failed there: {e.code().name} {e.details()}")
@@ -300,17 +314,22 @@ class Replica:
             self._unconfirmed = None
             return
         req = pb.RegisterShardRequest(
-            index=self.servicer.index, address=self._unconfirmed, pid=os.getpid()
+            index=self.servicer.index,
+            address=self._unconfirmed,
+            pid=self.pid,
+            term=self.state.term,
+            seq=self.state.seq,
         )
         try:
-            pb_grpc.CoordinatorStub(self._coordinator_channel()).DropReplica(
-                req, metadata=self._md, timeout=_DROP_CONFIRM_SECONDS
+            self._coordinator_stub().DropReplica(
+                req, metadata=self._md, timeout=DROP_CONFIRM_SECONDS
             )
         except grpc.RpcError as e:
-            self._coord_channel.close()  # the next attempt connects afresh, no back-off
-            self._coord_channel = None
+            if self._coord_channel is not None:  # the next attempt connects afresh
+                self._coord_channel.close()
+                self._coord_channel = None
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:  # we were deposed
-                self.role = "deposed"  # never acknowledge again
+                self.state.role = "deposed"  # never acknowledge again
                 raise RequestError(
                     "UNAVAILABLE", f"{self.where}: {e.details()}; re-read the shard map"
                 ) from None
@@ -322,31 +341,38 @@ class Replica:
             ) from None
         self._unconfirmed = None
 
-    def _coordinator_channel(self) -> grpc.Channel:
+    def _coordinator_stub(self) -> pb_grpc.CoordinatorStub:
         if self._coord_channel is None:
             from ps_server.tls import env_ca, open_channel
 
             self._coord_channel = open_channel(self.coordinator, env_ca())
-        return self._coord_channel
+        return pb_grpc.CoordinatorStub(self._coord_channel)
 
     # ------------------------------------------------------------ configuration
-    def configure(self, config: pb.ReplicaConfig) -> int:
-        """Promote this backup, or (on a primary) seed and attach / detach a backup."""
+    def configure(self, config: pb.ReplicaConfig) -> pb.Ack:
+        """Promote this backup if it is provably current, or (on a primary) adopt the term
+        and seed and attach / detach a backup. Answers the bytes seeded and the sequence
+        number at which forwarding to the backup began."""
         if config.role != "primary":
             raise RequestError("INVALID_ARGUMENT", f"{self.where}: cannot become {config.role!r}")
         with self.lock:
-            if self.role == "backup":
-                if not self.seeded:
-                    raise RequestError(
-                        "FAILED_PRECONDITION", f"{self.where}: not seeded, cannot be promoted"
-                    )
-                self.role = "primary"
-                log.info("shard %d: promoted to primary", self.servicer.index)
+            where = self.where
+            try:
+                promoted = self.state.configure(config.term, config.expect_term, config.min_seq)
+            except RequestError as e:
+                raise RequestError(e.code, f"{where}: {e}") from None
+            if promoted:
+                log.info(
+                    "shard %d: promoted to primary in term %d at seq %d",
+                    self.servicer.index,
+                    self.state.term,
+                    self.state.seq,
+                )
             if not config.backup:
                 self._set_backup("")
-                return 0
+                return pb.Ack(seq=self.state.seq)
             if config.backup == self.backup:
-                return 0
+                return pb.Ack(seq=self.state.seq)
         return self._seed_backup(config.backup)
 
     def _set_backup(self, address: str) -> None:
@@ -355,10 +381,9 @@ class Replica:
         self._channel = self._backup_stub = None
         self.backup = address
         if address:
-            self._channel = self._open(address)
-            self._backup_stub = pb_grpc.ShardStub(self._channel)
+            self._channel, self._backup_stub = self._connect(address)
 
-    def _seed_backup(self, address: str) -> int:
+    def _seed_backup(self, address: str) -> pb.Ack:
         """Seed `address` with our state, then forward every mutation to it.
 
         Mutations wait only while the state is copied (the cut). The copy is written to a
@@ -372,20 +397,24 @@ class Replica:
                 raise RequestError("FAILED_PRECONDITION", f"{self.where}: already seeding a backup")
             self._set_backup("")
             arrays = snapshot_arrays(self.servicer.models, self.answers)  # copies: the cut
+            term, seq = self.state.term, self.state.seq
             self._log = []
+        channel = None
         try:
             with tempfile.TemporaryFile(prefix="spark-ps-seed-") as f:
                 write_snapshot(f, arrays)
                 del arrays
                 nbytes = f.tell()
                 f.seek(0)
-                stub = pb_grpc.ShardStub(self._open(address))
-                timeout = _FORWARD_TIMEOUT + nbytes / _SEED_BYTES_PER_SECOND
+                channel, stub = self._connect(address)
+                timeout = seed_seconds(nbytes)
                 chunks = iter(lambda: f.read(self.seed_chunk), b"")
                 stub.Seed(
-                    (pb.SeedChunk(data=c) for c in chunks), metadata=self._md, timeout=timeout
+                    (pb.SeedChunk(data=c, term=term, seq=seq) for c in chunks),
+                    metadata=self._md,
+                    timeout=timeout,
                 )
-            self._catch_up(stub, address)
+            attached_at = self._catch_up(stub, address)
         except (grpc.RpcError, RequestError) as e:
             with self.lock:
                 self._log = None
@@ -393,6 +422,9 @@ class Replica:
             raise RequestError(
                 "UNAVAILABLE", f"{self.where}: seeding backup {address} failed: {why}"
             ) from None
+        finally:
+            if channel is not None:  # forwards use their own (``_set_backup``)
+                channel.close()
         log.info(
             "shard %d: seeded backup %s with %d models (%.1f MB) in %.2fs",
             self.servicer.index,
@@ -401,11 +433,12 @@ class Replica:
             nbytes / 1e6,
             time.monotonic() - t,
         )
-        return nbytes
+        return pb.Ack(value=nbytes, seq=attached_at)
 
-    def _catch_up(self, stub: pb_grpc.ShardStub, address: str) -> None:
+    def _catch_up(self, stub: pb_grpc.ShardStub, address: str) -> int:
         """Replay the mutations logged since the cut, in order: rounds with no lock held
-        while the log is long, the rest under the lock, which then turns forwarding on."""
+        while the log is long, the rest under the lock, which then turns forwarding on.
+        Returns our seq at that moment: the backup has applied every mutation up to it."""
         while True:
             with self.lock:
                 batch, self._log = self._log, []
@@ -413,24 +446,30 @@ class Replica:
                     self._replay(stub, batch)
                     self._log = None
                     self._set_backup(address)
-                    return
+                    return self.state.seq
             self._replay(stub, batch)
 
     def _replay(self, stub: pb_grpc.ShardStub, batch: list[pb.ReplicateRequest]) -> None:
         for req in batch:
-            stub.Replicate(req, metadata=self._md, timeout=_FORWARD_TIMEOUT)
+            stub.Replicate(req, metadata=self._md, timeout=FORWARD_SECONDS)
 
-    def _open(self, address: str) -> grpc.Channel:
+    def _connect(self, address: str) -> tuple[grpc.Channel | None, pb_grpc.ShardStub]:
+        """A channel to a backup and its stub (the protocol harness replaces this)."""
         from ps_server.tls import env_ca, open_channel
 
-        return open_channel(address, env_ca(), _OPTIONS)
+        channel = open_channel(address, env_ca(), _OPTIONS)
+        return channel, pb_grpc.ShardStub(channel)
 
     def seed(self, chunks: Iterator[pb.SeedChunk]) -> int:
-        """Backup side: replace our state with the primary's snapshot."""
-        if self.role != "backup":
-            raise RequestError("FAILED_PRECONDITION", f"{self.where}: only a backup is seeded")
+        """Backup side: replace our state with the snapshot the primary of a term took at
+        its sequence number (both on every chunk)."""
+        term = seq = None
         with tempfile.TemporaryFile(prefix="spark-ps-seed-") as f:
             for c in chunks:  # spooled to disk: the state is in memory once, when loaded
+                if term is None:
+                    term, seq = c.term, c.seq
+                    with self.lock:
+                        self._check_seed(term)
                 if self.max_request_bytes and len(c.data) > self.max_request_bytes:
                     raise RequestError(
                         "RESOURCE_EXHAUSTED",
@@ -441,14 +480,22 @@ class Replica:
             f.seek(0)
             models, answers = restore_snapshot(f)
         with self.lock:
+            self._check_seed(term or 0)  # still a backup, no newer primary seeded us meanwhile
+            self.state.seeded_at(term or 0, seq or 0)
             self.servicer.models = {}
             self.servicer.adopt(models)  # they count against the shard's memory budget
             self.answers = answers
             self._stamps = deque([time.monotonic()] * len(answers))
             self._answer_bytes = sum(a.ByteSize() for _, a in answers.values())
-            self.applied, self.seeded = 0, True
+            self.applied = 0
             self.apply_seconds = 0.0
         return len(models)
+
+    def _check_seed(self, term: int) -> None:
+        try:
+            self.state.check_seed(term)
+        except RequestError as e:
+            raise RequestError(e.code, f"{self.where}: {e}") from None
 
     def describe(self) -> pb.DigestResponse:
         """Role, counters and the state's digest. Mutations wait only while the state is
@@ -457,6 +504,8 @@ class Replica:
             arrays = digest_arrays(self.servicer.models)
             answer = pb.DigestResponse(
                 role=self.role,
+                term=self.state.term,
+                seq=self.state.seq,
                 applied=self.applied,
                 backup=self.backup,
                 apply_seconds=self.apply_seconds,
@@ -474,8 +523,10 @@ def digest_arrays(models: dict) -> dict:
     return arrays
 
 
-def _forward(method: str, request: Message, rid: str) -> pb.ReplicateRequest:
-    return pb.ReplicateRequest(method=method, request=request.SerializeToString(), request_id=rid)
+def _forward(method: str, request: Message, rid: str, term: int, seq: int) -> pb.ReplicateRequest:
+    return pb.ReplicateRequest(
+        method=method, request=request.SerializeToString(), request_id=rid, term=term, seq=seq
+    )
 
 
 # ---------------------------------------------------------------- snapshots

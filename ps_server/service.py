@@ -27,7 +27,7 @@ import time
 
 import grpc
 
-from ps_server import checkpoint, lifecycle, tls
+from ps_server import checkpoint, fencing, lifecycle, timeouts, tls
 from ps_server.auth import AioTokenInterceptor, is_loopback
 from ps_server.coordinator import CoordinatorServicer
 from ps_server.loop_server import LoopServer
@@ -51,7 +51,7 @@ _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS
 log = logging.getLogger("ps_server.service")
 READY_PREFIX = "SPARK_PS_READY "
 #: A shard that dies this soon after (re)starting counts towards its restart back-off.
-QUICK_DEATH_SECONDS = 10.0
+QUICK_DEATH_SECONDS = timeouts.QUICK_DEATH_SECONDS
 
 
 class Service:
@@ -212,26 +212,27 @@ class Service:
                 log.exception("shard %d: supervising failed; trying again", i)
 
     def _primary_died(self, i: int, p: subprocess.Popen) -> None:
-        """Promote a live attached backup (no update lost), else restart the shard."""
+        """Promote a live attached backup that proves current (no update lost: the steps
+        are ``ps_server.fencing``'s), else restart the shard."""
         b, addr = self.backups[i], self.backup_addr[i]
-        if b is not None and b.poll() is None and addr and self.coordinator.backups[i] == addr:
-            try:
-                self._configure(addr, backup="")  # the backup takes over as a solo primary
+        promoted = False
+        if b is not None and b.poll() is None and addr:
+            try:  # the backup takes over as a solo primary, if it proves current
+                promoted = fencing.promote_backup(self.coordinator, i, addr, b.pid, self._configure)
             except grpc.RpcError as e:
                 log.error("shard %d: promoting backup %s failed: %s", i, addr, e.details())
-            else:
-                self.coordinator.promote(i, b.pid)
-                log.warning(
-                    "shard %d: primary (pid %d) died with code %s; promoted its backup "
-                    "(pid %d, %s): no update lost; a new backup will be seeded from it",
-                    i,
-                    p.pid,
-                    p.returncode,
-                    b.pid,
-                    addr,
-                )
-                self.procs[i], self.backups[i], self.backup_addr[i] = b, None, ""
-                return
+        if promoted:
+            log.warning(
+                "shard %d: primary (pid %d) died with code %s; promoted its backup "
+                "(pid %d, %s): no update lost; a new backup will be seeded from it",
+                i,
+                p.pid,
+                p.returncode,
+                b.pid,
+                addr,
+            )
+            self.procs[i], self.backups[i], self.backup_addr[i] = b, None, ""
+            return
         log.warning(
             "shard %d (pid %d) died with code %s%s; restarting%s",
             i,
@@ -295,15 +296,18 @@ class Service:
             return
         t = time.monotonic()
         try:
-            nbytes = self._configure(target, backup=joined[0]).value
+            ack = fencing.seed_and_attach(self.coordinator, i, joined[0], self._configure, resync)
         except grpc.RpcError as e:
             log.warning("shard %d: seeding backup %s failed: %s", i, joined[0], e.details())
             self._discard_backup(i, "could not be seeded")
             return
         self.backup_addr[i] = joined[0]
-        if not self.coordinator.attach_backup(i, joined[0], resync):
-            self._discard_backup(i, "was dropped by its primary before it was attached")
+        if ack is None:
+            self._discard_backup(
+                i, "was not attached (its primary dropped it, or a new term began)"
+            )
             return
+        nbytes = ack.value
         log.log(
             logging.WARNING if resync else logging.INFO,
             "shard %d: backup (pid %d, %s) %s from primary %s (%.1f MB snapshot, %.2fs)",
@@ -326,14 +330,19 @@ class Service:
             b.wait()
         primary = self.procs[i]
         if addr and primary is not None and primary.poll() is None:
+            with self.coordinator.cond:
+                target, term = self.coordinator.addresses[i], self.coordinator.terms[i]
             try:
-                self._configure(self.coordinator.addresses[i], backup="")
+                self._configure(target, "", term)
             except grpc.RpcError as e:  # it dropped the backup itself, or died too
                 log.info("shard %d: detaching the backup: %s", i, e.details())
         self.backups[i], self.backup_addr[i] = None, ""
 
-    def _configure(self, address: str, backup: str) -> pb.Ack:
-        """Tell the shard at `address` to be a primary forwarding to `backup` ("" = none)."""
+    def _configure(
+        self, address: str, backup: str, term: int, expect_term: int = 0, min_seq: int = 0
+    ) -> pb.Ack:
+        """Tell the shard at `address` to be the primary of `term` forwarding to `backup`
+        ("" = none); a backup so told is promoted if it proves current (``fencing``)."""
         with self._lock:
             if self.stop_event.is_set():
                 raise _Stopping()
@@ -341,9 +350,15 @@ class Service:
                 self._channels[address] = tls.open_channel(address, tls.env_ca())
             stub = pb_grpc.ShardStub(self._channels[address])
         return stub.Configure(
-            pb.ReplicaConfig(role="primary", backup=backup),
+            pb.ReplicaConfig(
+                role="primary",
+                backup=backup,
+                term=term,
+                expect_term=expect_term,
+                min_seq=min_seq,
+            ),
             metadata=((TOKEN_KEY, self.token),),
-            timeout=300,
+            timeout=timeouts.configure_seconds(int(self.shard_memory_mb * (1 << 20))),
         )
 
     def _close_channels(self) -> None:

@@ -18,7 +18,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from ps_server import checkpoint, lifecycle, tls
+from ps_server import checkpoint, lifecycle, timeouts, tls
 from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.cut import Cut
 from ps_server.direct import DirectServer
@@ -42,7 +42,7 @@ log = logging.getLogger("ps_server.shard")
 
 _guard = guard(lambda self: f"shard {self.index}")
 #: Seconds a checkpoint waits for the mutations in flight to end before it gives up.
-CUT_TIMEOUT = 300.0
+CUT_TIMEOUT = timeouts.CUT_SECONDS
 _HANDLERS: dict[str, Callable] = {}  # undecorated handlers of MUTATIONS, for backups
 
 
@@ -290,7 +290,7 @@ class ShardServicer(pb_grpc.ShardServicer):
 
     @_guard
     def Configure(self, request, context):
-        return pb.Ack(value=self._replica().configure(request))
+        return self._replica().configure(request)
 
     @_guard
     def Digest(self, request, context):

@@ -15,11 +15,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ps_server import timeouts
+
 __all__ = ["TaskQueue", "DEFAULT_LEASE_SECONDS"]
 
 log = logging.getLogger("ps_server.tasks")
 
-DEFAULT_LEASE_SECONDS = 60.0
+DEFAULT_LEASE_SECONDS = timeouts.TASK_LEASE_SECONDS
 
 
 @dataclass

@@ -30,6 +30,9 @@ import time
 from collections import deque
 from collections.abc import Hashable, Iterable
 
+# the waits' limits live with every other timeout (re-exported: clients import them here)
+from ps_server.timeouts import DEADLINE_MARGIN_SECONDS, DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS
+
 __all__ = [
     "Waiters",
     "MAX_WAIT_SECONDS",
@@ -40,12 +43,6 @@ __all__ = [
     "wait_deadline",
 ]
 
-#: The longest any blocking coordinator call waits, whatever its request asks.
-MAX_WAIT_SECONDS = 3600.0
-#: What the client's blocking calls (barrier, clock, wait, collect) ask for by default.
-DEFAULT_WAIT_SECONDS = 600.0
-#: The client's gRPC deadline for a blocking call is its `timeout` plus this.
-DEADLINE_MARGIN_SECONDS = 10.0
 #: Waiters woken per event-loop step: releasing a crowd never delays other calls by more.
 #: 10,000 waiters released on a busy 2-core machine (bench.waiters, 3 runs each): with 256
 #: per step a GetShardMap sent meanwhile took 540-690 ms, with 16 9-19 ms; the whole

@@ -127,3 +127,25 @@ def test_linear_svc_matches_mllib(spark_ps, params):
     assert np.abs(raw_o - raw_m).max() <= REL * np.abs(raw_m).max()
     near = np.abs(raw_m[:, 1] - ours.getThreshold()) < 1e-2  # margins at the threshold may flip
     assert (got.prediction.values[~near] == want.prediction.values[~near]).all()
+
+
+@pytest.mark.slow  # two fits
+def test_a_task_failing_once_mid_fit_gives_the_clean_coefficients(spark_ps, tmp_path):
+    """The docstrings' "pushes its gradient exactly once": a task that dies after its push
+    is retried, and its first push counts for nothing."""
+    from spark_ps.ml import _job
+
+    spark, _ = spark_ps
+    df = _regression_df(spark, n=600, seed=4)
+    lin = LinearRegression(solver="l-bfgs", maxIter=15, regParam=0.1, tol=1e-9)
+    clean = lin.fit(df)
+    marker = tmp_path / "failed"
+    _job.inject_failure_once("linear_grad", nth=3, part=1, marker=str(marker))
+    try:
+        retried = lin.fit(df)
+    finally:
+        _job.clear_failures()
+    assert marker.exists()  # the task really died after its push
+    np.testing.assert_array_equal(retried.coefficients.toArray(), clean.coefficients.toArray())
+    assert retried.intercept == clean.intercept
+    # (the summary needs the bridge jar built from this tree; the model is what counts)

@@ -32,12 +32,12 @@ def test_a_backup_dropped_between_its_seed_and_its_attach_is_never_attached():
     primary's DropReplica reaches the coordinator first. The attach must then fail (it
     used to attach B, which missed that update, as the promotable backup)."""
     c = CoordinatorServicer(1)
-    c.addresses[0], c.pids[0] = "primary:1", 11
+    c.addresses[0], c.pids[0], c.terms[0] = "primary:1", 11, 1
     c.joining[0] = ("backup:2", 22)  # registered, being seeded
     assert c.drop_backup(0, "backup:2") is False  # not attached yet: remembered
-    assert c.attach_backup(0, "backup:2") is False
+    assert c.attach_backup(0, "backup:2", 1, 0) is False
     assert c.backups[0] == "" and 0 not in c.joining
-    assert c.attach_backup(0, "backup:3") is True  # a fresh backup attaches
+    assert c.attach_backup(0, "backup:3", 1, 0) is True  # a fresh backup attaches
     assert c.backups[0] == "backup:3"
     assert c.drop_backup(0, "backup:3") is True and c.backups[0] == ""
     assert c.counters["backup_lost"] == 1

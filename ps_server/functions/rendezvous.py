@@ -20,7 +20,6 @@ Imports only numpy: this module is loaded by shard processes.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ps_server import timeouts
 from ps_server.wire import RequestError
 
 __all__ = [
@@ -40,9 +40,8 @@ __all__ = [
     "gather",
 ]
 
-_MAX_WAIT = 60.0
+_MAX_WAIT = timeouts.RENDEZVOUS_MAX_WAIT_SECONDS
 TTL_ENV = "SPARK_PS_RENDEZVOUS_TTL"  # seconds a topic may sit idle before it is dropped
-_DEFAULT_TTL = 3600.0
 _SWEEP_SECONDS = 5.0  # idle topics are looked for at most this often (on a join)
 
 
@@ -192,14 +191,7 @@ def _copy(e: Exception) -> Exception:
 
 
 def _ttl_from_env() -> float:
-    raw = os.environ.get(TTL_ENV, "")
-    try:
-        ttl = float(raw) if raw else _DEFAULT_TTL
-    except ValueError:
-        raise ValueError(f"{TTL_ENV} must be a number of seconds, got {raw!r}") from None
-    if not ttl > 0:
-        raise ValueError(f"{TTL_ENV} must be > 0 seconds, got {raw!r}")
-    return ttl
+    return timeouts.rendezvous_ttl()
 
 
 RENDEZVOUS = Rendezvous()  # one per shard process

@@ -18,11 +18,12 @@ the RPCs report themselves.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import time
 from collections.abc import Callable, Iterable
+
+from ps_server import timeouts
 
 __all__ = [
     "PSUnreachable",
@@ -36,7 +37,6 @@ __all__ = [
 #: Seconds a never-reached PS address is retried before :class:`PSUnreachable`;
 #: the environment variable overrides it (on executors: ``spark.executorEnv.<it>``).
 CONNECT_TIMEOUT_ENV = "SPARK_PS_CONNECT_TIMEOUT"
-_DEFAULT_TIMEOUT = 10.0
 _PREFIX = "spark-ps: cannot reach the PS"
 _LINE = re.compile(re.escape(_PREFIX) + r"[^\n]*")
 
@@ -46,12 +46,9 @@ class PSUnreachable(ConnectionError):
 
 
 def connect_timeout() -> float:
-    """Seconds to keep trying an address never reached (``SPARK_PS_CONNECT_TIMEOUT``, 10)."""
-    raw = os.environ.get(CONNECT_TIMEOUT_ENV, "")
-    try:
-        return float(raw) if raw.strip() else _DEFAULT_TIMEOUT
-    except ValueError:
-        raise ValueError(f"{CONNECT_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    """Seconds to keep trying an address never reached (``SPARK_PS_CONNECT_TIMEOUT``, 10;
+    read in ``ps_server.timeouts`` with the PS's other timeouts)."""
+    return timeouts.connect_timeout()
 
 
 def _split(address: str) -> tuple[str, int]:
