@@ -136,7 +136,8 @@ def _service(tmp_path: Path, checkpoint: bool = True):
 
 def _map(st: dict) -> tuple:
     """The shard map and hosts a status shows, without what moves by itself."""
-    parts = [(p["index"], p["address"], p["host"], p["backup"], p["lost"]) for p in st["partitions"]]
+    keys = ("index", "address", "host", "backup", "lost")
+    parts = [tuple(p[k] for k in keys) for p in st["partitions"]]
     hosts = sorted((h["id"], h["address"], h["alive"], tuple(h["primaries"])) for h in st["hosts"])
     return parts, hosts
 
