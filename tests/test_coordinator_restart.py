@@ -118,12 +118,12 @@ class Service:
 
 
 @contextmanager
-def _service(tmp_path: Path, checkpoint: bool = True):
+def _service(tmp_path: Path, checkpoint: bool = True, *extra: str):
     ckpt = str(tmp_path / "ckpt") if checkpoint else ""
     svc = Service(tmp_path, ckpt)
     with ExitStack() as stack:
         stack.callback(svc.stop)
-        svc.start_coordinator()
+        svc.start_coordinator(*extra)
         svc.start_hosts()
         svc.ready()
         try:
@@ -205,6 +205,55 @@ def _fit_through_a_restart(spark, svc: Service, ctx: PSContext, monkeypatch) -> 
     assert after["restarts"] == before["restarts"]
     assert after["counters"]["restart"] == before["counters"]["restart"] == 0
     assert after["epoch"] > before["epoch"]  # clients were told to re-read the map
+
+
+def _until(predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return got
+
+
+def _with_backups(svc: Service) -> dict | None:
+    """The status once every partition has an attached backup, else None."""
+    st = svc.status()
+    return st if all(p["backup"] for p in st["partitions"]) else None
+
+
+@pytest.mark.slow
+def test_replicas_are_adopted_and_a_primary_that_died_meanwhile_is_promoted(tmp_path):
+    """With replicas=2: the restarted coordinator adopts both replicas of each partition;
+    the primary SIGKILLed while the coordinator was down is reported by its host and its
+    backup promoted: no update lost."""
+    with _service(tmp_path, True, "--replicas", "2") as svc:
+        restart = "--replicas", "2"
+        c = PSClient(svc.address, TOKEN, retry_seconds=60, timeout=30)
+        try:
+            st = _until(lambda: _with_backups(svc), "both backups")
+            spec = TensorSpec("replicated", "dense", 1000, 1, c.num_shards)
+            c.create(spec)
+            x = np.arange(1000.0)
+            c.push(spec, np.arange(1000), x, "set")
+            svc.kill_coordinator()
+            victim = c.health()[0].pid  # shards serve while the coordinator is down
+            os.kill(victim, signal.SIGKILL)
+            svc.start_coordinator(*restart)
+            svc.ready()
+            c.push(spec, np.arange(1000), x)  # retried until partition 0 is promoted
+            np.testing.assert_array_equal(c.pull(spec, np.arange(1000)), 2 * x)
+            after = _until(lambda: _with_backups(svc), "a new backup of partition 0")
+            old, new = st["partitions"], after["partitions"]
+            assert new[0]["address"] == old[0]["backup"]  # promoted, not restarted
+            assert new[0]["host"] == old[0]["backup_host"] != new[0]["backup_host"]
+            where = ("address", "host", "backup", "backup_host")
+            assert [new[1][k] for k in where] == [old[1][k] for k in where]  # adopted as it was
+            assert after["counters"]["promotion"] == 1 and after["counters"]["restart"] == 0
+            assert after["restarts"] == st["restarts"]
+            for p, b in c.replica_digests():
+                assert p.digest == b.digest
+        finally:
+            c.close()
 
 
 @pytest.mark.slow
