@@ -349,7 +349,19 @@ def replay(records: list[dict], coordinator, table) -> dict:
     for q in c.queues.values():  # DOING leases are not journaled: every undone task is TODO
         q.todo.clear()
         q.todo.extend(t for t in range(len(q.tasks)) if t not in q.done)
+    _touch(c)
     return config
+
+
+def _touch(c) -> None:
+    """Count what was replayed as used now, so it is forgotten once idle (ps_server.idle)
+    as it would have been without the restart."""
+    keys = [("board", t) for t in c.board]
+    keys += [("parts", t) for t, _ in c.parts] + [("parts", t) for t in c.collected]
+    keys += [("clock", g) for g in c.clocks] + [("queue", q) for q in c.queues]
+    keys += [("executor", w) for w in c.removed_executors]
+    for kind, key in keys:
+        c.last_use.touch(kind, key)
 
 
 def _replay_coordinator(c, r: dict, task_queue) -> None:

@@ -165,6 +165,9 @@ def test_a_replay_rebuilds_models_board_contributions_clocks_queues_and_counters
     assert q.done == {second.task_id} and not q.doing  # the open lease went back to TODO
     assert list(q.todo) == sorted({0, 1, 2} - {second.task_id}) and first.task_id in q.todo
     assert new.counters["checkpoint"] == 3 and dict(new.counters) == dict(old.counters)
+    assert {("board", "job/cmd"), ("parts", "job/out"), ("queue", "q")} <= set(
+        new.last_use._at
+    )  # forgotten when idle, as before the restart
 
 
 def _host(table: HostTable, host: str, run: str, processes=()) -> pb.HostAssignment:
