@@ -198,6 +198,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_guard
     async def GetShardMap(self, request, context):
         with self.cond:
+            if self.hosts is not None and not (self.hosts.slots and all(self.addresses)):
+                raise RequestError(  # clients retry an unavailable coordinator
+                    "UNAVAILABLE",
+                    "the PS coordinator is starting: its hosts have not all joined, or its "
+                    "partitions not all registered",
+                )
             return self._map()
 
     @_guard

@@ -19,7 +19,9 @@ With a local checkpoint directory the coordinator journals its state there
 (``ps_server.journal``); started again at the same address after a crash, it replays the
 journal and adopts the shard processes still running instead of placing anything anew.
 Without one, a restarted coordinator is a new, empty PS: the hosts that rejoin have
-their old shard processes stopped (their launches are unknown to it).
+their old shard processes stopped (their launches are unknown to it), and its restart
+count starts past any earlier one's (from the clock), so running fits see every shard
+restart and recover as from one (``spark_ps.ml._recovery``).
 """
 
 from __future__ import annotations
@@ -219,6 +221,8 @@ class HostService(Service):
         if not hosts:
             return  # stopped before they joined: main() sees no placement
         self._resize(self.partitions or sum(h.shards for h in hosts))
+        with self.coordinator.cond:  # a new PS: no earlier one's restart count is repeated,
+            self.coordinator.restarts = self.table.next_number  # so fits see the change
         if self.journal is not None:
             self._start_journal()
         self.table.place_all(self.num_shards)

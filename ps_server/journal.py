@@ -372,7 +372,7 @@ def _replay_coordinator(c, r: dict, task_queue) -> None:
             c.addresses[i], c.pids[i], c.backups[i] = r["address"], int(r["pid"]), r["backup"]
         if r.get("undrop"):
             c.dropped = {d for d in c.dropped if d[0] != i}
-        c.epoch, c.restarts = max(c.epoch, int(r["epoch"])), max(c.restarts, int(r["restarts"]))
+        c.epoch, c.restarts = int(r["epoch"]), int(r["restarts"])
     elif t == "dropped":
         c.dropped.add((int(r["i"]), r["address"]))
     elif t == "model":

@@ -28,7 +28,7 @@ from bench.netns import _expect, _lines
 from ps_server import journal
 from ps_server.lifecycle import stop_processes
 from spark_ps import PSContext
-from spark_ps.client import PSClient, PSError
+from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec
 from spark_ps.ml import _job
 from spark_ps.ml.classification import LogisticRegression
@@ -143,20 +143,25 @@ def _map(st: dict) -> tuple:
 
 
 @pytest.mark.slow
-def test_coordinator_killed_mid_fit_restarts_from_its_journal_and_the_fit_ends_clean(
-    spark, tmp_path, monkeypatch
+@pytest.mark.parametrize("journaled", [True, False], ids=["journal", "no-checkpoint-dir"])
+def test_coordinator_killed_mid_fit_restarts_and_the_fit_ends_with_the_clean_model(
+    spark, tmp_path, monkeypatch, journaled
 ):
-    with _service(tmp_path) as svc:
+    """With a journal: the fit goes on and ends with the clean model bit for bit. Without a
+    checkpoint directory the restarted coordinator is a new, empty PS: the fit sees every
+    shard restart and recovers from the state its driver holds (as in
+    tests/test_default_recovery.py), within the same tolerance."""
+    with _service(tmp_path, journaled) as svc:
+        previous, PSContext._active = PSContext._active, None
         ctx = PSContext.getOrCreate(address=svc.address, token=TOKEN)  # spark.ps.address
-        previous, PSContext._active = PSContext._active, ctx
         try:
-            _fit_through_a_restart(spark, svc, ctx, monkeypatch)
+            _fit_through_a_restart(spark, svc, monkeypatch, journaled)
         finally:
             PSContext._active = previous
             ctx.client.close()
 
 
-def _fit_through_a_restart(spark, svc: Service, ctx: PSContext, monkeypatch) -> None:
+def _fit_through_a_restart(spark, svc: Service, monkeypatch, journaled: bool) -> None:
     df = _dense_df(spark, n=600, d=6, seed=4)
     lr = LogisticRegression(maxIter=15, regParam=0.01, tol=0.0)
     clean = lr.fit(df)
@@ -195,7 +200,10 @@ def _fit_through_a_restart(spark, svc: Service, ctx: PSContext, monkeypatch) -> 
     assert restarted.is_set() and grads[0] > 6  # killed mid-fit, which went on
     print(f"coordinator down (SIGKILL to ready again): {gone[1] - gone[0]:.2f}s")
     resumed = svc.log(svc.starts)
-    assert "coordinator resumed from" in resumed, resumed[-3000:]
+    assert ("coordinator resumed from" in resumed) == journaled, resumed[-3000:]
+    if not journaled:
+        _check_a_new_empty_ps(svc, before, after, faulted, clean)
+        return
 
     # Nothing the fit computes went through a lost state: the shards kept every tensor, the
     # board and contributions were replayed, every sum is taken in part order. So the
@@ -258,27 +266,16 @@ def test_replicas_are_adopted_and_a_primary_that_died_meanwhile_is_promoted(tmp_
             c.close()
 
 
-@pytest.mark.slow
-def test_without_a_checkpoint_dir_a_restarted_coordinator_is_a_new_empty_ps(tmp_path):
-    with _service(tmp_path, checkpoint=False) as svc:
-        c = PSClient(svc.address, TOKEN, retry_seconds=30, timeout=20)
-        try:
-            spec = TensorSpec("kept-nowhere", "dense", 100, 1, c.num_shards)
-            c.create(spec)
-            c.push(spec, np.arange(100), np.ones(100), "set")
-            old = _map(svc.status())
-            svc.kill_coordinator()
-            svc.start_coordinator()
-            svc.ready()
-            st = svc.status()
-            assert sorted(h["id"] for h in st["hosts"]) == ["h0", "h1"]
-            new = _map(st)
-            assert {p[1] for p in new[0]}.isdisjoint({p[1] for p in old[0]})  # new processes
-            with pytest.raises(PSError, match="unknown model 'kept-nowhere'"):
-                c.lookup("kept-nowhere")
-            assert "stopping shard" in (svc.logs / "host0.log").read_text()
-        finally:
-            c.close()
+def _check_a_new_empty_ps(svc: Service, before: dict, after: dict, faulted, clean) -> None:
+    assert sorted(h["id"] for h in after["hosts"]) == ["h0", "h1"]  # the hosts rejoined
+    old, new = _map(before)[0], _map(after)[0]
+    assert {p[1] for p in new}.isdisjoint({p[1] for p in old})  # new shard processes
+    assert after["restarts"] != before["restarts"]  # which every fit sees
+    assert "stopping shard" in (svc.logs / "host0.log").read_text()
+    np.testing.assert_allclose(
+        faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-6
+    )
+    assert faulted.intercept == pytest.approx(clean.intercept, abs=1e-6)
 
 
 def test_a_journal_of_other_settings_or_format_stops_the_coordinator_by_name(tmp_path):

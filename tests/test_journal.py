@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from ps_server import journal
+from ps_server import journal, placement
 from ps_server.host_service import HostService
 from ps_server.hosts import LOST_CODE, HostTable
 from ps_server.proto import ps_pb2 as pb
@@ -103,6 +103,8 @@ def coordinator(tmp_path):
     """A coordinator across hosts with a journal, served over gRPC (no hosts join)."""
     svc = HostService(partitions=2, token=TOKEN, checkpoint_dir=str(tmp_path))
     svc._resize(2)
+    svc.table.slots = [placement.Slot("unplaced")] * 2  # served as placed and registered
+    svc.coordinator.addresses = ["127.0.0.1:1", "127.0.0.1:2"]  # (GetShardMap)
     svc._start_journal()
     svc.server.start()
     client = PSClient(svc.address, TOKEN, retry_seconds=5, timeout=10)
