@@ -17,9 +17,10 @@ What is journaled and what is rebuilt:
 - journaled: the partition count and replication, every host (its identity and run id),
   every launch of a shard process (number, partition, role, host; where it registered;
   its end), the shard map (primary, backup, epoch, restart count), lost partitions, model
-  specs, the round board (latest post per topic), contributions not yet collected, SSP
-  clocks, removed workers and executors, task queues (tasks and which are DONE) and the
-  recovery counters;
+  specs, the round board (latest post per topic), contributions not yet collected and
+  each topic's last collected round (a `Collect` retried because the kill cut off its
+  answer gets the same sum), SSP clocks, removed workers and executors, task queues
+  (tasks and which are DONE) and the recovery counters;
 - rebuilt: whether each shard process still runs, from its host's first report to the
   restarted coordinator (a launch that report does not list, or every launch of a host
   whose supervisor restarted too, is dead; a host that does not report within its lease
