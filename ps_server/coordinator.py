@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ps_server import fencing
+from ps_server import fencing, journal
 from ps_server.idle import LastUse, idle_ttl
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
@@ -81,7 +81,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         # (term, seq) each attached backup was attached at
         self.terms = [0] * num_shards
         self.attached: dict[int, tuple[int, int]] = {}
-        self.counters: dict[str, int] = defaultdict(int, dict.fromkeys(COUNTERS, 0))
+        self.counters: dict[str, int] = _Counters(self._log_counters)
         self.epoch = 0
         self.restarts = 0  # primaries (re)started: their state is a checkpoint's (or empty)
         self.models: dict[str, pb.ModelSpec] = {}
@@ -93,10 +93,22 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.removed_executors: set[str] = set()  # "executor:<id>" removed from every group
         self.board: dict[str, tuple[int, str]] = {}
         self.parts: dict[tuple[str, int], dict[int, np.ndarray]] = defaultdict(dict)
+        # topic -> (round, parts) of its last Collect: a retry whose answer was lost (the
+        # coordinator killed as it answered) gets the same sum again
+        self.collected: dict[str, tuple[int, dict[int, np.ndarray]]] = {}
         self.queues: dict[str, TaskQueue] = {}
         self.last_use = LastUse(idle_ttl() if idle_seconds is None else idle_seconds)
         self._on_shutdown = on_shutdown
         self.hosts = None  # a service across hosts: its ps_server.hosts.HostTable
+        self.journal: journal.Journal | None = None  # across hosts, with a checkpoint dir
+
+    def _log(self, record: dict, sync: bool = False) -> None:
+        """Journal a change (under `cond`, so records are in the order of the changes)."""
+        if self.journal is not None:
+            self.journal.append(record, sync)
+
+    def _log_counters(self) -> None:
+        self._log({"t": "counters", "c": dict(self.counters)})
 
     def count(self, event: str, n: int = 1) -> int:
         """Add `n` to the counter of a recovery event ("restart", "promotion", "restore",
@@ -116,6 +128,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             elif kind == "parts":
                 for k in [k for k in self.parts if k[0] == key]:
                     del self.parts[k]
+                self.collected.pop(key, None)
             elif kind == "barrier":
                 self.barriers.pop(key, None)
                 self.removed.pop(key, None)
@@ -189,6 +202,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     @_guard
     async def GetShardMap(self, request, context):
         with self.cond:
+            if self.hosts is not None and not (self.hosts.slots and all(self.addresses)):
+                raise RequestError(  # clients retry an unavailable coordinator
+                    "UNAVAILABLE",
+                    "the PS coordinator is starting: its hosts have not all joined, or its "
+                    "partitions not all registered",
+                )
             return self._map()
 
     @_guard
@@ -202,16 +221,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._check_index(request.index)
             if self.hosts is not None and request.host_id:
                 self.hosts.check_registration(request)  # a superseded process is refused
+            i = request.index
             if request.backup:
-                self.joining[request.index] = (request.address, request.pid)
-            else:
-                self.addresses[request.index] = request.address
-                self.pids[request.index] = request.pid
-                self.backups[request.index] = ""  # a new primary starts without a backup
-                self.attached.pop(request.index, None)
+                self.joining[i] = (request.address, request.pid)
+            elif (self.addresses[i], self.pids[i]) != (request.address, request.pid):
+                # (a retry of a registration already made is not another start)
+                self.addresses[i] = request.address
+                self.pids[i] = request.pid
+                self.backups[i] = ""  # a new primary starts without a backup
+                self.attached.pop(i, None)
                 self.epoch += 1
                 self.terms[request.index] = self.epoch  # a new term: the old one is fenced
                 self.restarts += 1
+                self._log(journal.shard_record(self, i), sync=True)
             self._notify(_SHARDS)
             return self._map()
 
@@ -244,10 +266,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             if not address:
                 return False
             self.dropped.add((index, address))
+            self._log({"t": "dropped", "i": index, "address": address}, sync=True)
             if self.backups[index] != address:
                 return False
             self.backups[index] = ""
             self.attached.pop(index, None)
+            self._log(journal.shard_record(self, index), sync=True)
             self.counters["backup_lost"] += 1
             self._notify(_SHARDS)
             return True
@@ -267,6 +291,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self.dropped = {d for d in self.dropped if d[0] != index}  # those are gone
             self.backups[index] = address
             self.attached[index] = (term, seq)
+            self._log({**journal.shard_record(self, index), "undrop": True}, sync=True)
             self.counters["resync"] += int(resync)
             self._notify(_SHARDS)
             return True
@@ -282,6 +307,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             )
             if offer is not None:
                 self.epoch = self.terms[index] = offer.term
+                self._log(journal.shard_record(self, index), sync=True)
                 self._notify(_SHARDS)
             return offer
 
@@ -295,6 +321,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.attached.pop(index, None)
                 self.pids[index] = pid
                 self.epoch += 1
+                self._log(journal.shard_record(self, index), sync=True)
                 self.counters["promotion"] += 1
                 self._notify(_SHARDS)
                 return address
@@ -311,6 +338,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     f"cols={old.cols} dtype={old.dtype}; asked for kind={request.kind} "
                     f"dim={request.dim} cols={request.cols} dtype={request.dtype}",
                 )
+            if old is None:
+                self._log({"t": "model", "spec": journal.b64(request)}, sync=True)
             self.models[request.name] = request
             return pb.Ack(value=len(self.models))
 
@@ -326,7 +355,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def UnregisterModel(self, request, context):
         """Forget a dropped model, so its name may be registered again with any spec."""
         with self.cond:
-            return pb.Ack(value=int(self.models.pop(request.name, None) is not None))
+            gone = self.models.pop(request.name, None) is not None
+            if gone:
+                self._log({"t": "unmodel", "name": request.name}, sync=True)
+            return pb.Ack(value=int(gone))
 
     # ------------------------------------------------------------ synchronization
     async def _wait_or_fail(
@@ -387,7 +419,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._use("clock", group)
             clocks = self.clocks[group]
             _check_clock(request, clocks, self.removed[group])
-            clocks[worker] = max(clocks.get(worker, 0), request.clock)
+            if request.clock > clocks.get(worker, 0) or worker not in clocks:
+                clocks[worker] = max(clocks.get(worker, 0), request.clock)
+                self._log({"t": "clock", "group": group, "worker": worker, "clock": clocks[worker]})
             self._notify(("clock", group))
         return await self._wait_or_fail(
             (("clock", group),),
@@ -443,10 +477,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             if request.group != "*":
                 self.removed[request.group].add(request.worker)
+                self._log({"t": "removed", "group": request.group, "worker": request.worker})
                 self._lost(request.worker, lambda w: w == request.worker, {request.group})
                 return pb.Ack(value=1)
             prefix = request.worker + "/"
             self.removed_executors.add(request.worker)
+            self._log({"t": "removed_executor", "worker": request.worker})
             self._use("executor", request.worker)
             n, touched = 0, set()
             groups = set(self.clocks) | {g for g, _ in self.heartbeats}
@@ -457,6 +493,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 for worker in known:
                     if worker.startswith(prefix) and worker not in self.removed[group]:
                         self.removed[group].add(worker)
+                        self._log({"t": "removed", "group": group, "worker": worker})
                         touched.add(group)
                         n += 1
             self._lost(request.worker, lambda w: w.startswith(prefix), touched, everywhere=True)
@@ -482,6 +519,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             self._use("board", request.topic)
             self.board[request.topic] = (request.round, request.payload)
+            post = {"topic": request.topic, "round": request.round, "payload": request.payload}
+            self._log({"t": "post", **post})
             self._notify(("board", request.topic))
         return pb.Ack(value=request.round)
 
@@ -512,6 +551,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         with self.cond:
             self._use("parts", request.topic)
             self.parts[(request.topic, request.round)][request.part] = values
+            self._log(journal.part_record(request.topic, request.round, request.part, values))
             self._notify(("parts", request.topic, request.round))
         return pb.Ack(value=request.part)
 
@@ -522,11 +562,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._use("parts", request.topic)
 
         def take() -> dict[int, np.ndarray] | None:
+            done = self.collected.get(request.topic)
+            if done is not None and done[0] == request.round:
+                return done[1]
             if len(self.parts[key]) < request.num_parts:
                 return None
             parts = self.parts.pop(key)
             for old in [k for k in self.parts if k[0] == request.topic and k[1] < request.round]:
                 del self.parts[old]
+            self.collected[request.topic] = (request.round, parts)
+            self._log({"t": "take", "topic": request.topic, "round": request.round})
             return parts
 
         parts = await self._wait_or_fail(
@@ -558,6 +603,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 n = q.add(list(request.tasks), request.lease_seconds)
             except ValueError as e:
                 raise RequestError("INVALID_ARGUMENT", str(e)) from None
+            record = {"t": "tasks", "queue": q.name, "tasks": list(request.tasks)}
+            self._log({**record, "lease_seconds": request.lease_seconds})
             self._notify(("queue", q.name))
             return pb.Ack(value=n)
 
@@ -625,6 +672,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 first = q.finish(request.task_id, request.worker)
             except ValueError as e:
                 raise RequestError("OUT_OF_RANGE", str(e)) from None
+            if first:
+                self._log({"t": "finished", "queue": q.name, "ids": [request.task_id]})
             self._notify(("queue", q.name))
             return pb.Ack(value=int(first))
 
@@ -658,6 +707,18 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if self._on_shutdown is not None:
             threading.Thread(target=self._on_shutdown, daemon=True).start()
         return pb.Ack()
+
+
+class _Counters(defaultdict):
+    """The recovery counters; every change is journaled (`CoordinatorServicer._log`)."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        super().__init__(int, dict.fromkeys(COUNTERS, 0))
+        self._on_change = on_change
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        self._on_change()
 
 
 #: The key notified when the shard map changes.

@@ -14,6 +14,14 @@ go to the same host while it lives, else to the partition's next choice among th
 live hosts, never beside the other replica. A partition whose primary and backup are
 both gone is restored from the checkpoint directory, or, without one, marked lost: the
 shard map says why and clients raise that error instead of serving an empty partition.
+
+With a local checkpoint directory the coordinator journals its state there
+(``ps_server.journal``); started again at the same address after a crash, it replays the
+journal and adopts the shard processes still running instead of placing anything anew.
+Without one, a restarted coordinator is a new, empty PS: the hosts that rejoin have
+their old shard processes stopped (their launches are unknown to it), and its restart
+count starts past any earlier one's (from the clock), so running fits see every shard
+restart and recover as from one (``spark_ps.ml._recovery``).
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ import argparse
 import logging
 import subprocess
 import sys
+import threading
 
-from ps_server import lifecycle, timeouts
+from ps_server import journal, lifecycle, placement, timeouts
 from ps_server.hosts import HostTable, RemoteShard
 from ps_server.service import READY_PREFIX, Service
 from ps_server.wire import DEFAULT_MAX_REQUEST_MB
@@ -74,6 +83,132 @@ class HostService(Service):
         self.partitions, self.min_hosts, self.announce = partitions, min_hosts, announce
         self.table = HostTable(host_timeout, replicas, checkpoint_dir, max_request_mb)
         self.coordinator.hosts = self.table
+        where = journal.journal_dir(checkpoint_dir)
+        self.journal = journal.Journal(where) if where else None
+        if checkpoint_dir and where is None:
+            log.warning(
+                "--checkpoint-dir %s is not a local directory: the coordinator keeps no "
+                "journal, and a restarted coordinator starts an empty PS",
+                checkpoint_dir,
+            )
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Resume from the journal if it holds a placed PS, else start as a new one."""
+        records = self.journal.read() if self.journal is not None else []
+        if not records:
+            super().start(timeout)
+            return
+        self._resume(records)  # before serving: nobody sees a half-restored map
+        self.server.start()
+        if self.announce:
+            print(f"{LISTENING_PREFIX}{self.address}", flush=True)
+
+    def _start_journal(self) -> None:
+        """Write the journal anew (a snapshot of the state now) and journal from now on."""
+        c = self.coordinator
+        with c.cond:
+            records = journal.snapshot(c, self.table, self.num_shards, self.replicas)
+            self.journal.start(records)
+            c.journal = self.table.journal = self.journal
+
+    def _resume(self, records: list[dict]) -> None:
+        """Rebuild the state a killed coordinator journaled and adopt its shard processes."""
+        config = records[0]
+        if config.get("t") != "config":
+            raise journal.JournalError(f"{self.journal.path}: no config record first")
+        n, replicas = int(config["partitions"]), int(config["replicas"])
+        if replicas != self.replicas or self.partitions not in (0, n):
+            raise journal.JournalError(
+                f"{self.journal.path} is the journal of a PS with {n} partitions and "
+                f"--replicas {replicas}; this coordinator was started with --partitions "
+                f"{self.partitions} --replicas {self.replicas} (use the same settings, or move "
+                "the journal away to start an empty PS)"
+            )
+        self._resize(n)
+        c, table = self.coordinator, self.table
+        with c.cond:
+            journal.replay(records, c, table)
+            c.epoch += 1  # clients re-read the map
+            for i in range(n):
+                self._adopt(i)
+            table.slots = self._slots()
+            table.rejoining = {
+                h: {x.number for x in table.launches.values() if x.host == h}
+                for h, host in table.hosts.items()
+                if host.alive
+            }
+            live = [p for p in (*self.procs, *self.backups) if p is not None]
+            self._spawned = [p for p in live if p.poll() is None]
+        self._start_journal()
+        missing = [i for i in range(n) if self.procs[i] is None and i not in table.lost]
+        for i in missing:  # killed before it launched them
+            self.procs[i] = self._spawn(i, self._primary_role)
+        log.warning(
+            "coordinator resumed from %s (%d records): %d partitions on hosts %s, %d models, "
+            "restart count %d; waiting for the hosts to report their shard processes%s",
+            self.journal.path,
+            len(records),
+            n,
+            sorted(table.hosts),
+            len(c.models),
+            c.restarts,
+            f"; launched the never-launched partitions {missing}" if missing else "",
+        )
+
+    def _adopt(self, i: int) -> None:
+        """Partition `i`'s primary and backup processes as the journal left them (holds
+        the coordinator's condition): its primary is the launch registered at the map's
+        address (dead or alive: a dead one is replaced by the watchers as usual), else the
+        live primary launch not yet registered; its backup the live backup launch."""
+        c, table = self.coordinator, self.table
+        with table.lock:
+            mine = [x for x in table.launches.values() if x.partition == i]
+            live = [x for x in mine if x.returncode is None and x.wanted]
+            at_map = [x for x in mine if x.address and x.address == c.addresses[i]]
+            primary = next(
+                (x for x in at_map if x in live),
+                next((x for x in live if x.role != "backup"), at_map[-1] if at_map else None),
+            )
+            backup = next((x for x in live if x is not primary and x.role == "backup"), None)
+        for x in live:
+            if x is not primary and x is not backup:
+                table.unwant(x.number)
+        self.procs[i] = RemoteShard(table, primary) if primary is not None else None
+        self.backups[i] = RemoteShard(table, backup) if backup is not None else None
+        if backup is not None and backup.address and c.backups[i] == backup.address:
+            self.backup_addr[i] = backup.address
+        else:
+            c.backups[i] = ""  # its attached backup is gone: not promoted
+            if backup is not None and backup.address:
+                c.joining[i] = (backup.address, backup.pid)  # registered, not yet seeded
+
+    def _slots(self) -> list[placement.Slot]:
+        """Where each partition belongs: its processes' hosts, else a placement over the
+        journaled live hosts."""
+        weights = {h: x.weight for h, x in self.table.hosts.items() if x.alive}
+        base = placement.place(self.num_shards, weights, self.replicas) if weights else []
+        slots = []
+        for i in range(self.num_shards):
+            slot = base[i] if base else placement.Slot("")
+            p, b = self.procs[i], self.backups[i]
+            slots.append(
+                placement.Slot(
+                    p.host if p is not None else slot.primary,
+                    b.host if b is not None else slot.backup,
+                )
+            )
+        return slots
+
+    def supervise(self) -> None:
+        if self.journal is not None:
+            threading.Thread(target=self._compact, name="journal compaction", daemon=True).start()
+        super().supervise()
+
+    def _compact(self) -> None:
+        """Replace the journal by a snapshot whenever it outgrows its bound."""
+        while not self.stop_event.wait(1.0):
+            if self.journal.wants_compaction:
+                self._start_journal()
 
     def _launch(self, timeout: float) -> None:
         """Wait for `min_hosts` hosts, place the partitions on them, start them."""
@@ -86,6 +221,10 @@ class HostService(Service):
         if not hosts:
             return  # stopped before they joined: main() sees no placement
         self._resize(self.partitions or sum(h.shards for h in hosts))
+        with self.coordinator.cond:  # a new PS: no earlier one's restart count is repeated,
+            self.coordinator.restarts = self.table.next_number  # so fits see the change
+        if self.journal is not None:
+            self._start_journal()
         self.table.place_all(self.num_shards)
         super()._launch(timeout)
 
@@ -145,6 +284,8 @@ class HostService(Service):
         with self.table.lock:
             self.table.stopping = True  # supervisors stop their shards at their next report
         super().stop()
+        if self.journal is not None:  # its shards stop with it: nothing left to resume
+            self.journal.close(remove=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -208,7 +349,11 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as e:
         sys.exit(f"spark-ps-server coordinator: {e}")
     service.signals.install()
-    service.start(timeout=300)
+    try:
+        service.start(timeout=300)
+    except journal.JournalError as e:
+        service.stop()
+        sys.exit(f"spark-ps-server coordinator: {e}")
     if not service.table.slots:
         log.warning("stopped before %d hosts joined", service.min_hosts)
         service.stop()

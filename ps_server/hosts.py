@@ -20,7 +20,6 @@ code on one host and across hosts.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -28,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ps_server import placement
+from ps_server import journal, placement
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError
 
@@ -98,7 +97,17 @@ class HostTable:
         self.slots: list[placement.Slot] = []  # where each partition's replicas belong
         self.lost: dict[int, str] = {}  # partition -> why it is lost
         self.stopping = False
-        self._numbers = itertools.count(1)
+        # launch numbers are unique across coordinator restarts: continued from the journal
+        # (ps_server.journal), else from the clock, so no process of an earlier run matches
+        self.next_number = time.time_ns() // 1000
+        self.journal: journal.Journal | None = None
+        # hosts restored from the journal, not yet heard -> their launches restored with them
+        self.rejoining: dict[str, set[int]] = {}
+
+    def _log(self, record: dict, sync: bool = False) -> None:
+        """Journal a change (holds the lock: records are in the order of the changes)."""
+        if self.journal is not None:
+            self.journal.append(record, sync)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -118,6 +127,8 @@ class HostTable:
             )
         with self.lock:
             self._expire()
+            if info.id in self.rejoining:
+                self._rejoin(report)
             host = self.hosts.get(info.id)
             if host is not None and host.alive and host.info.run_id != info.run_id:
                 raise RequestError(
@@ -136,6 +147,8 @@ class HostTable:
                     info.memory_mb,
                 )
                 host = self.hosts[info.id] = _Host(pb.HostInfo(), 0.0)
+            if host.info != info or not host.alive:
+                self._log({"t": "host", "info": journal.b64(info), "alive": True}, sync=True)
             host.info.CopyFrom(info)
             host.last_seen, host.alive = time.monotonic(), True
             for proc in report.processes:
@@ -153,6 +166,28 @@ class HostTable:
                 max_request_mb=self.max_request_mb,
             )
 
+    def _rejoin(self, report: pb.HostReport) -> None:
+        """The first report of a host restored from the journal (holds the lock): its
+        launches that the report does not list died or never started while the coordinator
+        was down, and all of them did if its supervisor is a new run (shards die with it)."""
+        restored = self.rejoining.pop(report.host.id)
+        old = self.hosts.get(report.host.id)
+        same_run = old is not None and old.info.run_id == report.host.run_id
+        listed = {p.incarnation for p in report.processes} if same_run else set()
+        if old is not None and not same_run:
+            old.alive = False  # "is back": its old shards are not
+        for x in [self.launches[n] for n in sorted(restored) if n in self.launches]:
+            if x.returncode is None and x.number not in listed:
+                x.returncode, x.wanted = LOST_CODE, False
+                self._log({"t": "ended", "n": x.number, "code": LOST_CODE})
+                log.warning(
+                    "host %s rejoined without shard %d (%s, launch %d): it is dead",
+                    report.host.id,
+                    x.partition,
+                    x.role,
+                    x.number,
+                )
+
     def _record(self, host: str, proc: pb.ShardProcess) -> None:
         launch = self.launches.get(proc.incarnation)
         if launch is None or launch.host != host:
@@ -160,6 +195,7 @@ class HostTable:
         launch.pid = launch.pid or proc.pid
         if proc.exited and launch.returncode is None:
             launch.returncode, launch.wanted = proc.exit_code, False
+            self._log({"t": "ended", "n": launch.number, "code": proc.exit_code})
             self.lock.notify_all()
 
     def _expire(self) -> None:
@@ -168,10 +204,13 @@ class HostTable:
         for host in self.hosts.values():
             if host.alive and now - host.last_seen > self.timeout:
                 host.alive = False
+                self.rejoining.pop(host.info.id, None)
+                self._log({"t": "host", "info": journal.b64(host.info), "alive": False})
                 dead = [x for x in self.launches.values() if x.host == host.info.id]
                 dead = [x for x in dead if x.returncode is None]
                 for launch in dead:
                     launch.returncode, launch.wanted = LOST_CODE, False
+                    self._log({"t": "ended", "n": launch.number, "code": LOST_CODE})
                 log.error(
                     "host %s (%s) sent no heartbeat for %.1fs (lease %.1fs): lost, with its "
                     "shard processes (partition/role at launch) %s",
@@ -226,8 +265,10 @@ class HostTable:
                 placement.Slot(slot.primary, host) if backup else placement.Slot(host, slot.backup)
             )
             restore = self.checkpoint_dir  # a backup does not restore, but checkpoints there
-            launch = _Launch(next(self._numbers), partition, role, host, restore)
+            launch = _Launch(self.next_number, partition, role, host, restore)
+            self.next_number += 1
             self.launches[launch.number] = launch
+            self._log(journal.launch_record(launch), sync=True)  # before its host hears of it
             self._prune()
             return launch
 
@@ -263,11 +304,14 @@ class HostTable:
                     "on that host; refused",
                 )
             launch.address, launch.pid = request.address, request.pid
+            record = {"t": "registered", "n": launch.number, "address": request.address}
+            self._log({**record, "pid": request.pid}, sync=True)
 
     def lose(self, partition: int, why: str) -> None:
         """Mark `partition` lost: clients get `why` instead of a shard."""
         with self.lock:
             self.lost[partition] = why
+            self._log({"t": "lost", "i": partition, "why": why}, sync=True)
 
     def state(self, number: int) -> tuple[int | None, int, bool]:
         """(returncode, pid, whether its host was told to stop) of a launch."""
@@ -284,6 +328,7 @@ class HostTable:
         with self.lock:
             if number in self.launches:
                 self.launches[number].wanted = False
+                self._log({"t": "unwanted", "n": number})
 
     # ------------------------------------------------------------ the shard map
     def annotate(self, smap: pb.ShardMap) -> None:

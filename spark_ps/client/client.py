@@ -201,14 +201,19 @@ class PSClient:
         return len(self.shards)
 
     def _coord(self, rpc: str, request, timeout: float | None = None):
-        deadline = time.monotonic() + self.retry_seconds
+        """Call the coordinator; while it is unavailable (restarting: its state is in its
+        journal), retry for `retry_seconds` from the first failure, not from the call's
+        start, so that a long wait cut by the restart is asked again."""
+        deadline = None
         while True:
             try:
                 return getattr(self.coordinator, rpc)(
                     request, metadata=self._md, timeout=timeout or self.timeout
                 )
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                now = time.monotonic()
+                deadline = now + self.retry_seconds if deadline is None else deadline
+                if e.code() != grpc.StatusCode.UNAVAILABLE or now > deadline:
                     raise PSError(_details(e), code=e.code(), rpc=rpc) from None
                 time.sleep(0.2)
 
