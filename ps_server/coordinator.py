@@ -250,15 +250,17 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             self._notify(_SHARDS)
             return True
 
-    def promote(self, index: int, pid: int) -> str:
-        """The backup of `index` (process `pid`) becomes its primary; returns its address."""
+    def promote(self, index: int, pid: int, planned: bool = False) -> str:
+        """The backup of `index` (process `pid`) becomes its primary; returns its address.
+        `planned`: a hand-over of a live primary (a move, ps_server.migrate), not counted
+        as a promotion."""
         with self.cond:
             address = self.backups[index]
             if address:
                 self.addresses[index], self.backups[index] = address, ""
                 self.pids[index] = pid
                 self.epoch += 1
-                self.counters["promotion"] += 1
+                self.counters["handover" if planned else "promotion"] += 1
                 self._notify(_SHARDS)
             return address
 
@@ -614,6 +616,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 "(spark-ps-server --shards N); hosts join a `spark-ps-server coordinator`",
             )
         return self.hosts.report(request)
+
+    @_guard
+    async def Drain(self, request, context):
+        """Move every replica off host `request.host`, then tell it to stop (ps_server.migrate)."""
+        if self.hosts is None:
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                "drain: this coordinator runs its own shards on one host; only a "
+                "`spark-ps-server coordinator` with joined hosts drains one",
+            )
+        self.hosts.drain(request.host)
+        with self.cond:
+            return self._map()
 
     @_guard
     async def Shutdown(self, request, context):

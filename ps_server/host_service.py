@@ -23,7 +23,7 @@ import logging
 import subprocess
 import sys
 
-from ps_server import lifecycle
+from ps_server import lifecycle, migrate
 from ps_server.hosts import HostTable, RemoteShard
 from ps_server.service import READY_PREFIX, Service
 from ps_server.wire import DEFAULT_MAX_REQUEST_MB
@@ -74,6 +74,22 @@ class HostService(Service):
         self.partitions, self.min_hosts, self.announce = partitions, min_hosts, announce
         self.table = HostTable(host_timeout, replicas, checkpoint_dir, max_request_mb)
         self.coordinator.hosts = self.table
+        self.moves = self.table.moves
+
+    @property
+    def _primary_role(self) -> str:
+        """Always "primary", also without backups: a partition moves to another host by
+        way of a backup seeded there (``ps_server.migrate``)."""
+        return "primary"
+
+    def _tend_more(self, i: int) -> None:
+        """Plan the moves a newly joined host calls for; carry out `i`'s next one."""
+        self.table.plan_joins()
+        if i in self.table.lost or self.stop_event.is_set():
+            return
+        move = self.moves.take(i)
+        if move is not None:
+            migrate.run(self, move)
 
     def _launch(self, timeout: float) -> None:
         """Wait for `min_hosts` hosts, place the partitions on them, start them."""

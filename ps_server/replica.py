@@ -331,7 +331,14 @@ class Replica:
 
     # ------------------------------------------------------------ configuration
     def configure(self, config: pb.ReplicaConfig) -> int:
-        """Promote this backup, or (on a primary) seed and attach / detach a backup."""
+        """Promote this backup, or (on a primary) seed and attach / detach a backup, or
+        step down ("deposed": a planned hand-over to another replica, ps_server.migrate)."""
+        if config.role == "deposed":
+            with self.lock:  # after the mutation in flight, if any: serve nothing more
+                self.role = "deposed"
+                self._set_backup("")
+            log.info("shard %d: stepped down (its partition is handed over)", self.servicer.index)
+            return 0
         if config.role != "primary":
             raise RequestError("INVALID_ARGUMENT", f"{self.where}: cannot become {config.role!r}")
         with self.lock:

@@ -208,6 +208,7 @@ class Service:
                     self._primary_died(i, p)
                 if self.replicas == 2 and not self.stop_event.is_set():
                     self._tend_backup(i)
+                self._tend_more(i)
             except Exception:  # noqa: BLE001 - a watcher that died would leave `i` unwatched
                 log.exception("shard %d: supervising failed; trying again", i)
 
@@ -249,6 +250,9 @@ class Service:
         self.coordinator.count("restart")
         self._back_off(i)
         self.procs[i] = self._spawn(i, self._primary_role)
+
+    def _tend_more(self, i: int) -> None:
+        """Further work on index `i` by its watcher (the service across hosts moves it)."""
 
     def _back_off(self, i: int) -> None:
         """Wait before restarting index `i` if it keeps dying young: 0.4 s after its second
@@ -328,8 +332,9 @@ class Service:
                 log.info("shard %d: detaching the backup: %s", i, e.details())
         self.backups[i], self.backup_addr[i] = None, ""
 
-    def _configure(self, address: str, backup: str) -> pb.Ack:
-        """Tell the shard at `address` to be a primary forwarding to `backup` ("" = none)."""
+    def _configure(self, address: str, backup: str, role: str = "primary") -> pb.Ack:
+        """Tell the shard at `address` to be a primary forwarding to `backup` ("" = none),
+        or to step down (`role` "deposed")."""
         with self._lock:
             if self.stop_event.is_set():
                 raise _Stopping()
@@ -337,7 +342,7 @@ class Service:
                 self._channels[address] = tls.open_channel(address, tls.env_ca())
             stub = pb_grpc.ShardStub(self._channels[address])
         return stub.Configure(
-            pb.ReplicaConfig(role="primary", backup=backup),
+            pb.ReplicaConfig(role=role, backup=backup),
             metadata=((TOKEN_KEY, self.token),),
             timeout=300,
         )
