@@ -14,6 +14,11 @@ go to the same host while it lives, else to the partition's next choice among th
 live hosts, never beside the other replica. A partition whose primary and backup are
 both gone is restored from the checkpoint directory, or, without one, marked lost: the
 shard map says why and clients raise that error instead of serving an empty partition.
+
+A host that joins later takes its share of the partitions, and `spark-ps-server drain`
+empties one: each watcher thread also carries out its partition's moves
+(``ps_server.migrate``). Primaries therefore run as "primary" also with ``replicas=1``,
+able to seed the copy a move hands over to.
 """
 
 from __future__ import annotations
