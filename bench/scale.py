@@ -3,12 +3,14 @@
 Two hosts (network namespaces, ``bench/netns.py``) with ``--shards`` partitions each hold
 one dense float64 vector of ``--keys`` keys while a client in the root namespace keeps
 pushing to every partition. A third host joins: the table reports the fraction of the
-partitions it took, each move's seconds and the partition's MB over them, the slowest
-push during the moves against the median push before, and the time from the join to the
-last move's end. Then the first host is drained (`spark-ps-server drain`) the same way.
+partitions it took, each move's seconds and a partition's MB, the slowest push during
+the moves against the median push before, and the time from the join to the last move's
+end. A move's seconds include starting the copy's shard process (about a second of
+Python start-up on an idle machine) besides its snapshot and transfer. Then the first
+host is drained (`spark-ps-server drain`) the same way.
 The pushed sums are checked exactly at the end (no update lost). Run::
 
-    python -m bench.scale --keys 4000000 --shards 3
+    python -m bench.scale --keys 32000000 --shards 3
 
 Needs root (network namespaces); ``--rate`` caps every host's link with ``tc``.
 """
@@ -33,7 +35,7 @@ from bench.netns import Hosts, join, service, unavailable
 
 __all__ = ["main"]
 
-COLUMNS = ["event", "partitions", "moved", "fraction", "move s", "MB/s per move",
+COLUMNS = ["event", "partitions", "moved", "fraction", "MB each", "move s",
            "event s", "push p50 ms", "slowest push ms", "pushes"]  # fmt: skip
 
 
@@ -99,7 +101,7 @@ def _row(event: str, st: dict, reason: str, mb: float, pusher, t0: float, t1: fl
         "moved": len(moves),
         "fraction": f"{len(moves) / n:.2f}",
         "move s": f"{min(seconds):.2f}-{max(seconds):.2f}",
-        "MB/s per move": f"{mb / max(seconds):.0f}-{mb / min(seconds):.0f}",
+        "MB each": f"{mb:.1f}",
         "event s": f"{t1 - t0:.1f}",
         "push p50 ms": f"{1e3 * statistics.median(before):.0f}" if before else "n/a",
         "slowest push ms": f"{1e3 * max(during):.0f}" if during else "n/a",
