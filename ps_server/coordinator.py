@@ -17,6 +17,7 @@ short, non-blocking steps; ``Waiters.notify`` is safe from those threads too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -626,7 +627,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 "drain: this coordinator runs its own shards on one host; only a "
                 "`spark-ps-server coordinator` with joined hosts drains one",
             )
-        self.hosts.drain(request.host)
+        await asyncio.get_running_loop().run_in_executor(None, self.hosts.drain, request.host)
         with self.cond:
             return self._map()
 

@@ -28,10 +28,14 @@ import logging
 import subprocess
 import sys
 
-from ps_server import lifecycle, migrate
+import grpc
+
+from ps_server import lifecycle, migrate, tls
 from ps_server.hosts import HostTable, RemoteShard
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.service import READY_PREFIX, Service
-from ps_server.wire import DEFAULT_MAX_REQUEST_MB
+from ps_server.wire import DEFAULT_MAX_REQUEST_MB, TOKEN_KEY
 
 __all__ = ["HostService", "LISTENING_PREFIX", "DEFAULT_HOST_TIMEOUT", "main"]
 
@@ -80,6 +84,23 @@ class HostService(Service):
         self.table = HostTable(host_timeout, replicas, checkpoint_dir, max_request_mb)
         self.coordinator.hosts = self.table
         self.moves = self.table.moves
+        self.table.partition_bytes = self._partition_bytes
+
+    def _partition_bytes(self) -> list[int] | None:
+        """Each partition's bytes, from its primary (None if one does not answer)."""
+        with self.coordinator.cond:
+            addresses = list(self.coordinator.addresses)
+        out = []
+        for address in addresses:
+            try:
+                with tls.open_channel(address, tls.env_ca()) as ch:
+                    health = pb_grpc.ShardStub(ch).Health(
+                        pb.Empty(), metadata=((TOKEN_KEY, self.token),), timeout=10
+                    )
+            except grpc.RpcError:
+                return None
+            out.append(health.nbytes)
+        return out
 
     @property
     def _primary_role(self) -> str:

@@ -104,6 +104,9 @@ class HostTable:
         self.stopping = False
         self._numbers = itertools.count(1)
         self.moves = migrate.Moves()
+        #: Each partition's bytes (asked of the primaries; set by the service): a drain
+        #: is refused when they outgrow the other hosts' memory budgets.
+        self.partition_bytes: Callable[[], list[int] | None] = lambda: None
         self.planned_for: set[str] = set()  # hosts the partitions were (re)balanced over
 
     @property
@@ -304,7 +307,8 @@ class HostTable:
 
     def drain(self, host_id: str) -> None:
         """Plan moving every replica off `host_id`; RequestError when it is unknown or the
-        other live hosts cannot hold them. Its supervisor is told to stop once it is empty."""
+        other live hosts cannot hold them. Its supervisor is told to stop once it is empty.
+        May block on the primaries (their bytes): not for the coordinator's event loop."""
         weights = self.live_weights()
         with self.lock:
             host = self.hosts.get(host_id)
@@ -316,8 +320,10 @@ class HostTable:
                 )
             weights.pop(host_id, None)
             slots = list(self.slots)
+            budgets = {h: self.hosts[h].info.memory_mb for h in weights}
         try:
-            moves = migrate.plan_drain(slots, weights, host_id, self.replicas)
+            nbytes = self.partition_bytes() if budgets and all(budgets.values()) else None
+            moves = migrate.plan_drain(slots, weights, host_id, self.replicas, budgets, nbytes)
         except ValueError as e:
             raise RequestError("FAILED_PRECONDITION", str(e)) from None
         with self.lock:

@@ -159,16 +159,32 @@ def plan_join(
 
 
 def plan_drain(
-    slots: Sequence[Slot], weights: Mapping[str, float], host: str, replicas: int = 1
+    slots: Sequence[Slot],
+    weights: Mapping[str, float],
+    host: str,
+    replicas: int = 1,
+    budget_mb: Mapping[str, float] | None = None,
+    nbytes: Sequence[int] | None = None,
 ) -> list[Move]:
     """The moves that empty host `host`; `weights`: the live hosts that stay. ValueError
-    (naming what is missing) when they cannot hold its partitions."""
+    (naming what is missing) when they cannot hold its partitions: fewer than `replicas`
+    of them, or, when each has a memory budget (`budget_mb`, MB), budgets that sum to less
+    than the bytes of every replica (`nbytes`: each partition's)."""
     if len(weights) < replicas:
         raise ValueError(
             f"cannot drain host {host!r}: {len(weights)} other live host(s) "
             f"({', '.join(sorted(weights)) or 'none'}) cannot hold {replicas} replicas of each "
             "partition on different hosts; join another host first"
         )
+    budgets = [(budget_mb or {}).get(h, 0.0) for h in weights]
+    if nbytes is not None and all(b > 0 for b in budgets):
+        need, room = replicas * sum(nbytes) / 2**20, sum(budgets)
+        if need > room:
+            raise ValueError(
+                f"cannot drain host {host!r}: the other live hosts' memory budgets "
+                f"(--shards x --shard-memory-mb) sum to {room:.1f} MB, and the partitions' "
+                f"{replicas} replica(s) hold {need:.1f} MB; join another host first"
+            )
     reason = f"drain {host}"
     loads = Counter(h for s in slots for h in (s.primary, s.backup) if h and h != host)
     caps = placement.capacity(weights, len(slots) * replicas)

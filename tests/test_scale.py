@@ -102,9 +102,9 @@ def test_a_drain_the_others_cannot_hold_is_refused_naming_why():
 
 
 # ---------------------------------------------------------------- hosts on loopback
-def _supervisor(address: str, host_id: str, shards: int = 3) -> subprocess.Popen:
+def _supervisor(address: str, host_id: str, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ps_server", "shards", "--join", address, "--host",
-           "127.0.0.1", "--host-id", host_id, "--shards", str(shards)]  # fmt: skip
+           "127.0.0.1", "--host-id", host_id, *(args or ("--shards", "3"))]  # fmt: skip
     return subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdin=subprocess.DEVNULL)
 
 
@@ -224,7 +224,7 @@ def test_drain_refuses_an_unknown_host_and_one_the_others_cannot_hold():
     svc = HostService(partitions=2, token=TOKEN, host_timeout=LEASE)
     runner = threading.Thread(target=lambda: (svc.start(), svc.supervise()), daemon=True)
     runner.start()
-    host = _supervisor(svc.address, "only", shards=2)
+    host = _supervisor(svc.address, "only", "--shards", "2")
     try:
         _wait(svc.coordinator.ready, "both partitions")
         done = _cli("drain", svc.address, "nowhere")
@@ -244,6 +244,44 @@ def test_drain_refuses_an_unknown_host_and_one_the_others_cannot_hold():
             if host.poll() is None:
                 host.kill()
                 host.wait()
+
+
+def test_a_model_larger_than_one_host_s_budget_trains_on_three_and_no_drain_squeezes_it():
+    """3 hosts x 1 shard x 4 MB: a 9.6 MB model fits on the three together (3.2 MB each);
+    draining one would leave 8 MB of budget for it, and is refused saying so."""
+    svc = HostService(token=TOKEN, host_timeout=LEASE, min_hosts=3)
+    runner = threading.Thread(target=lambda: (svc.start(), svc.supervise()), daemon=True)
+    runner.start()
+    cmd = ["--shards", "1", "--shard-memory-mb", "4"]
+    hosts = [_supervisor(svc.address, h, *cmd) for h in ("x", "y", "z")]
+    client = None
+    try:
+        _wait(lambda: svc.coordinator.ready() and svc.num_shards == 3, "three partitions")
+        client = PSClient(svc.address, TOKEN, retry_seconds=30, timeout=30)
+        spec = TensorSpec("big", "dense", 1_200_000, 1, client.num_shards)
+        client.create(spec)
+        x = np.arange(spec.dim, dtype=np.float64)
+        client.push(spec, np.arange(spec.dim), x, "set")
+        np.testing.assert_array_equal(client.pull(spec, np.arange(spec.dim)), x)
+        st = status(svc.address, TOKEN)
+        assert st["bytes"] > 4 * 2**20 * 2  # more than two hosts' budgets, let alone one's
+        assert [h["memory_mb"] for h in st["hosts"]] == [4.0] * 3
+        done = _cli("drain", svc.address, "y")
+        assert done.returncode != 0
+        assert "cannot drain host 'y': the other live hosts' memory budgets" in done.stderr
+        assert "sum to 8.0 MB, and the partitions' 1 replica(s) hold 9.2 MB" in done.stderr
+        assert status(svc.address, TOKEN)["moves"] == []
+    finally:
+        if client is not None:
+            client.close()
+        svc.stop_event.set()
+        runner.join(30)
+        for p in hosts:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 # ---------------------------------------------------------------- a Spark fit, across hosts
