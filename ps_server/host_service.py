@@ -17,8 +17,8 @@ shard map says why and clients raise that error instead of serving an empty part
 
 A host that joins later takes its share of the partitions, and `spark-ps-server drain`
 empties one: each watcher thread also carries out its partition's moves
-(``ps_server.migrate``). Primaries therefore run as "primary" also with ``replicas=1``,
-able to seed the copy a move hands over to.
+(``ps_server.migrate``). With ``replicas=1`` a shard runs solo until a move first configures
+it: it then turns primary (``ShardServicer.become_primary``) to seed the copy.
 """
 
 from __future__ import annotations
@@ -101,12 +101,6 @@ class HostService(Service):
                 return None
             out.append(health.nbytes)
         return out
-
-    @property
-    def _primary_role(self) -> str:
-        """Always "primary", also without backups: a partition moves to another host by
-        way of a backup seeded there (``ps_server.migrate``)."""
-        return "primary"
 
     def _tend_more(self, i: int) -> None:
         """Plan the moves a newly joined host calls for; carry out `i`'s next one."""
