@@ -103,8 +103,9 @@ class HostService(Service):
         return out
 
     def _tend_more(self, i: int) -> None:
-        """Plan the moves a newly joined host calls for; carry out `i`'s next one."""
+        """Plan the moves a newly joined or draining host calls for; carry out `i`'s next."""
         self.table.plan_joins()
+        self.table.plan_drains()
         if i in self.table.lost or self.stop_event.is_set():
             return
         move = self.moves.take(i)

@@ -328,8 +328,38 @@ class HostTable:
             raise RequestError("FAILED_PRECONDITION", str(e)) from None
         with self.lock:
             host.draining = True
-        self.moves.add([m for m in moves if not self.moves.busy(m.partition)])
-        log.warning("draining host %s: %d replica moves planned", host_id, len(moves))
+        self.moves.cancel(host_id)
+        planned = self.moves.add(moves)  # one busy with another move: plan_drains() later
+        log.warning(
+            "draining host %s: %d of its %d replica moves planned now",
+            host_id,
+            len(planned),
+            len(moves),
+        )
+
+    def plan_drains(self) -> None:
+        """Plan the moves off each draining host that its drain could not plan at once (a
+        partition then moving, e.g. onto it)."""
+        weights = self.live_weights()
+        with self.lock:
+            draining = [h for h, x in self.hosts.items() if x.draining and not x.retired]
+            slots = list(self.slots)
+        for host in draining:
+            reason = f"drain {host}"
+            if self.moves.pending(reason):
+                continue
+            planned = self.moves.partitions(reason)
+            left = [
+                p for p, s in enumerate(slots) if host in (s.primary, s.backup) and p not in planned
+            ]
+            if not left:
+                continue
+            try:
+                moves = migrate.plan_drain(slots, weights, host, self.replicas)
+            except ValueError as e:
+                log.error("%s", e)
+                continue
+            self.moves.add([m for m in moves if m.partition in left])
 
     def swap(self, partition: int) -> None:
         """The backup of `partition` was promoted: primary and backup hosts trade places."""

@@ -215,11 +215,14 @@ class Moves:
         self.lock = threading.Lock()
         self.moves: list[Move] = []
 
-    def add(self, moves: Sequence[Move]) -> None:
+    def add(self, moves: Sequence[Move]) -> list[Move]:
+        """Plan `moves`, except those of partitions that have a move planned or running;
+        returns those planned."""
         with self.lock:
             busy = {m.partition for m in self.moves if m.state in ("planned", "moving")}
-            self.moves += [m for m in moves if m.partition not in busy]
-            done = [m for m in self.moves if m.state in ("done", "failed")]
+            moves = [m for m in moves if m.partition not in busy]
+            self.moves += moves
+            done = [m for m in self.moves if m.state not in ("planned", "moving")]
             for m in done[: max(0, len(done) - _HISTORY)]:
                 self.moves.remove(m)
         for m in moves:
@@ -231,6 +234,7 @@ class Moves:
                 m.to_host,
                 m.reason,
             )
+        return moves
 
     def take(self, partition: int) -> Move | None:
         """The next planned move of `partition`, now running, if fewer than `parallel` run."""
@@ -248,16 +252,22 @@ class Moves:
             move.seconds = time.monotonic() - move.started
             move.state, move.error = ("failed", error) if error else ("done", "")
 
+    def cancel(self, to_host: str) -> None:
+        """Drop the planned (not yet running) moves to `to_host` (it is being drained)."""
+        with self.lock:
+            for m in self.moves:
+                if m.to_host == to_host and m.state == "planned":
+                    m.state, m.error = "cancelled", f"host {to_host} is being drained"
+
+    def partitions(self, reason: str) -> set[int]:
+        """The partitions that have a move for `reason`, in any state."""
+        with self.lock:
+            return {m.partition for m in self.moves if m.reason == reason}
+
     def pending(self, reason: str) -> bool:
         """Whether moves for `reason` are planned or running."""
         with self.lock:
             return any(m.reason == reason and m.state in ("planned", "moving") for m in self.moves)
-
-    def busy(self, partition: int) -> bool:
-        with self.lock:
-            return any(
-                m.partition == partition and m.state in ("planned", "moving") for m in self.moves
-            )
 
     def messages(self) -> list[pb.Move]:
         with self.lock:

@@ -101,6 +101,23 @@ def test_a_drain_the_others_cannot_hold_is_refused_naming_why():
         migrate.plan_drain(placement.place(4, {"a": 1.0}), {}, "a")
 
 
+def test_moves_run_one_at_a_time_and_a_drained_target_s_are_cancelled():
+    slots = placement.place(6, {"a": 1.0, "b": 1.0})
+    moves = migrate.Moves()
+    join = migrate.plan_join(slots, {"a": 1.0, "b": 1.0, "c": 1.0}, "c")
+    moves.add(join)
+    moves.add(join)  # their partitions are busy: not planned twice
+    assert len(moves.messages()) == len(join) == 2
+    first, second = (m.partition for m in join)
+    running = moves.take(first)
+    assert running is not None and moves.take(second) is None  # one at a time
+    moves.cancel("c")  # the one running goes on, the planned one does not
+    assert [m.state for m in moves.messages()] == ["moving", "cancelled"]
+    moves.finish(running, "seed failed")
+    assert moves.messages()[0].error == "seed failed" and not moves.pending("join c")
+    assert moves.partitions("join c") == {first, second}
+
+
 # ---------------------------------------------------------------- hosts on loopback
 def _supervisor(address: str, host_id: str, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ps_server", "shards", "--join", address, "--host",
