@@ -296,14 +296,19 @@ def run(svc: HostService, move: Move) -> None:
             _move_backup(svc, i, move.to_host, deadline)
         else:
             _move_primary(svc, move, deadline)
-    except (MoveFailed, grpc.RpcError) as e:
-        why = e.details() if isinstance(e, grpc.RpcError) else str(e)
+    except Exception as e:  # noqa: BLE001 - recorded: a move left "moving" would stall all
+        why = e.details() if isinstance(e, grpc.RpcError) else str(e) or repr(e)
         log.error(
-            "partition %d: moving its %s to host %s failed: %s", i, move.role, move.to_host, why
+            "partition %d: moving its %s to host %s failed: %s",
+            i,
+            move.role,
+            move.to_host,
+            why,
+            exc_info=not isinstance(e, (MoveFailed, grpc.RpcError)),
         )
+        svc.moves.finish(move, why)
         if svc.replicas == 1 and svc.backups[i] is not None:  # the copy is no backup of ours
             svc._discard_backup(i, "was a move's copy, and the move failed")
-        svc.moves.finish(move, why)
         return
     svc.moves.finish(move)
     svc.coordinator.count("move")
