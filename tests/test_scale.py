@@ -318,7 +318,7 @@ def _fit(spark, df, address: str) -> tuple[np.ndarray, float]:
 
     ps = PSContext.getOrCreate(spark, address=address, token=TOKEN)
     try:
-        est = LogisticRegression(maxIter=25, regParam=0.01, standardization=False, tol=0.0)
+        est = LogisticRegression(maxIter=100, regParam=0.01, standardization=False, tol=0.0)
         model = est.fit(df)
     finally:
         ps.stop()  # an external service: only this process's connection closes
@@ -363,7 +363,9 @@ def test_a_fit_goes_on_while_a_host_joins_and_another_is_drained(tmp_path, spark
         Hosts(3) as hosts,
         service(hosts, tmp_path, TOKEN, shards=3, joined=2, coordinator_args=args) as svc,
     ):
+        t = time.monotonic()
         clean, _ = _fit(spark, ctr, svc.address)
+        print(f"clean fit: {time.monotonic() - t:.1f}s")
 
         fit = _Fit(spark, ctr, svc.address)
         _wait(fit.started, "the fit to start", timeout=120)
@@ -382,7 +384,8 @@ def test_a_fit_goes_on_while_a_host_joins_and_another_is_drained(tmp_path, spark
         assert 0.25 <= fraction <= 0.4, st["hosts"]  # 6 partitions, 3 hosts: 2 of them
         assert sorted(on_new) == sorted(m["partition"] for m in moves)
         print(
-            f"join: {fraction:.2f} of the partitions moved to the new host, "
+            f"join: {ended - joined_at:.1f}s of the fit left after the moves; "
+            f"{fraction:.2f} of the partitions moved to the new host, "
             f"{joined_at - t0:.1f}s from its start to the last move's end; moves "
             + ", ".join(f"{m['seconds']:.2f}s" for m in moves)
         )
@@ -396,6 +399,7 @@ def test_a_fit_goes_on_while_a_host_joins_and_another_is_drained(tmp_path, spark
         drained_at = time.monotonic()
         coefficients, ended = fit.done()
         assert drained_at < ended, "the drain must happen while the fit runs"
+        print(f"drain: {ended - drained_at:.1f}s of the fit left after it")
         np.testing.assert_allclose(coefficients, clean, rtol=1e-12, atol=1e-15)
         assert report["retired"] and report["moves"], report
         assert {m["state"] for m in report["moves"]} == {"done"}
