@@ -212,6 +212,9 @@ class Service:
             except Exception:  # noqa: BLE001 - a watcher that died would leave `i` unwatched
                 log.exception("shard %d: supervising failed; trying again", i)
 
+    def _tend_more(self, i: int) -> None:
+        """Further work on index `i` by its watcher (the service across hosts moves it)."""
+
     def _primary_died(self, i: int, p: subprocess.Popen) -> None:
         """Promote a live attached backup (no update lost), else restart the shard."""
         b, addr = self.backups[i], self.backup_addr[i]
@@ -250,9 +253,6 @@ class Service:
         self.coordinator.count("restart")
         self._back_off(i)
         self.procs[i] = self._spawn(i, self._primary_role)
-
-    def _tend_more(self, i: int) -> None:
-        """Further work on index `i` by its watcher (the service across hosts moves it)."""
 
     def _back_off(self, i: int) -> None:
         """Wait before restarting index `i` if it keeps dying young: 0.4 s after its second
