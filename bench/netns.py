@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,36 +236,48 @@ def service(
     coordinator_args: Sequence[str] = (),
     common_args: Sequence[str] = (),
     ready_timeout: float = 60.0,
+    joined: int | None = None,
 ) -> Iterator[Service]:
     """`spark-ps-server coordinator` on the bridge address (the root namespace) and one
-    `spark-ps-server shards --join` with `shards` slots on every host, once all have joined.
+    `spark-ps-server shards --join` with `shards` slots on every host (on the first
+    `joined` only, when given: :func:`join` adds the others later), once all have joined.
 
     `common_args` go to every command (TLS flags); logs are ``coordinator.log`` and
     ``host<i>.log`` in `logs`. Every process is stopped on exit, also when the body fails:
     the tests and ``bench/hosts.py`` start the service across hosts the same way.
     """
     env = dict(os.environ, SPARK_PS_TOKEN=token)
-    ps = [sys.executable, "-m", "ps_server"]
-    procs: list[subprocess.Popen] = []
-    with ExitStack() as files:
-        try:
-            log = files.enter_context(open(logs / "coordinator.log", "w"))
-            cmd = [*ps, "coordinator", "--host", hosts.bridge_address, "--min-hosts",
-                   str(len(hosts)), *coordinator_args, *common_args]  # fmt: skip
-            out = subprocess.PIPE
+    first = len(hosts) if joined is None else joined
+    cmd = [sys.executable, "-m", "ps_server", "coordinator", "--host", hosts.bridge_address,
+           "--min-hosts", str(first), *coordinator_args, *common_args]  # fmt: skip
+    svc = Service(hosts, "", [], logs)
+    coordinator = None
+    try:
+        with open(logs / "coordinator.log", "w") as log:
             kw = dict(stderr=log, text=True, env=env, cwd=_ROOT, stdin=subprocess.DEVNULL)
-            procs.append(subprocess.Popen(cmd, stdout=out, **kw))
-            lines = _lines(procs[0].stdout)
-            address = _expect(lines, "SPARK_PS_LISTENING ", 30, logs)
-            for i in range(len(hosts)):
-                log = files.enter_context(open(logs / f"host{i}.log", "w"))
-                cmd = [*ps, "shards", "--join", address, "--host", hosts.address(i),
-                       "--shards", str(shards), *common_args]  # fmt: skip
-                procs.append(hosts.popen(i, cmd, stderr=log, env=env, cwd=_ROOT))
-            _expect(lines, "SPARK_PS_READY ", ready_timeout, logs)
-            yield Service(hosts, address, procs[1:], logs)
-        finally:
-            _stop(procs)
+            coordinator = subprocess.Popen(cmd, stdout=subprocess.PIPE, **kw)
+        lines = _lines(coordinator.stdout)
+        svc.address = _expect(lines, "SPARK_PS_LISTENING ", 30, logs)
+        for i in range(first):
+            join(svc, i, token, shards, common_args)
+        _expect(lines, "SPARK_PS_READY ", ready_timeout, logs)
+        yield svc
+    finally:
+        _stop([p for p in (coordinator, *svc.supervisors) if p is not None])
+
+
+def join(
+    svc: Service, i: int, token: str, shards: int = 2, common_args: Sequence[str] = ()
+) -> subprocess.Popen:
+    """Start host `i`'s `spark-ps-server shards --join` (logging to ``host<i>.log``); it is
+    stopped with the service."""
+    env = dict(os.environ, SPARK_PS_TOKEN=token)
+    cmd = [sys.executable, "-m", "ps_server", "shards", "--join", svc.address,
+           "--host", svc.hosts.address(i), "--shards", str(shards), *common_args]  # fmt: skip
+    with open(svc.logs / f"host{i}.log", "w") as log:
+        proc = svc.hosts.popen(i, cmd, stderr=log, env=env, cwd=_ROOT)
+    svc.supervisors.append(proc)
+    return proc
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 8.0) -> None:

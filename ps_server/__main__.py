@@ -2,7 +2,8 @@
 
 With no command, a coordinator and N shards on this host (``--shards N``). Across hosts:
 ``coordinator`` on one machine, ``shards --join HOST:PORT`` on each of the others, and
-``status HOST:PORT`` prints the shard map as JSON.
+``status HOST:PORT`` prints the shard map as JSON, and ``drain HOST:PORT HOST_ID`` moves
+every partition off a host before it is retired.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ COMMANDS = {
     "coordinator": "ps_server.host_service",
     "shards": "ps_server.host_supervisor",
     "status": "ps_server.status",
+    "drain": "ps_server.drain",
 }
 
 

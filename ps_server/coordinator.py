@@ -17,6 +17,7 @@ short, non-blocking steps; ``Waiters.notify`` is safe from those threads too.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -311,9 +312,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self._notify(_SHARDS)
             return offer
 
-    def promote(self, index: int, pid: int, term: int) -> str:
+    def promote(self, index: int, pid: int, term: int, planned: bool = False) -> str:
         """The backup of `index` (process `pid`), which became primary in `term` (``fence``),
-        is its primary in the map; returns its address ("" if the index moved on since)."""
+        is its primary in the map; returns its address ("" if the index moved on since).
+        `planned`: a hand-over of a live primary (a move, ps_server.migrate), not counted
+        as a promotion."""
         with self.cond:
             address = self.backups[index]
             if address and self.terms[index] == term:
@@ -322,7 +325,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 self.pids[index] = pid
                 self.epoch += 1
                 self._log(journal.shard_record(self, index), sync=True)
-                self.counters["promotion"] += 1
+                self.counters["handover" if planned else "promotion"] += 1
                 self._notify(_SHARDS)
                 return address
             return ""
@@ -701,6 +704,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 "(spark-ps-server --shards N); hosts join a `spark-ps-server coordinator`",
             )
         return self.hosts.report(request)
+
+    @_guard
+    async def Drain(self, request, context):
+        """Move every replica off host `request.host`, then tell it to stop (ps_server.migrate)."""
+        if self.hosts is None:
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                "drain: this coordinator runs its own shards on one host; only a "
+                "`spark-ps-server coordinator` with joined hosts drains one",
+            )
+        await asyncio.get_running_loop().run_in_executor(None, self.hosts.drain, request.host)
+        with self.cond:
+            return self._map()
 
     @_guard
     async def Shutdown(self, request, context):

@@ -211,13 +211,21 @@ def seed_and_attach(
 
 
 def promote_backup(
-    coordinator: Any, index: int, backup: str, pid: int, configure: Configure
+    coordinator: Any,
+    index: int,
+    backup: str,
+    pid: int,
+    configure: Configure,
+    min_seq: int = 0,
+    planned: bool = False,
 ) -> bool:
     """Promote `backup` (process `pid`) to primary of `index`: fence the old term first
     (F1), then have the backup prove it is current and turn primary (F3), then name it in
-    the map. False if `backup` is not the promotable one; raises if it refused."""
+    the map. False if `backup` is not the promotable one; raises if it refused. A planned
+    hand-over (a move) passes the seq at which the live primary stepped down as `min_seq`:
+    the copy must have every update that primary acknowledged."""
     offer = coordinator.fence(index)
     if offer is None or offer.address != backup:
         return False
-    configure(backup, "", offer.term, offer.expect_term, offer.min_seq)
-    return bool(coordinator.promote(index, pid, offer.term))
+    configure(backup, "", offer.term, offer.expect_term, max(offer.min_seq, min_seq))
+    return bool(coordinator.promote(index, pid, offer.term, planned=planned))

@@ -22,6 +22,11 @@ Without one, a restarted coordinator is a new, empty PS: the hosts that rejoin h
 their old shard processes stopped (their launches are unknown to it), and its restart
 count starts past any earlier one's (from the clock), so running fits see every shard
 restart and recover as from one (``spark_ps.ml._recovery``).
+
+A host that joins later takes its share of the partitions, and `spark-ps-server drain`
+empties one: each watcher thread also carries out its partition's moves
+(``ps_server.migrate``). With ``replicas=1`` a shard runs solo until a move first configures
+it: it then turns primary (``ShardServicer.become_primary``) to seed the copy.
 """
 
 from __future__ import annotations
@@ -32,10 +37,14 @@ import subprocess
 import sys
 import threading
 
-from ps_server import journal, lifecycle, placement, timeouts
+import grpc
+
+from ps_server import journal, lifecycle, migrate, placement, timeouts, tls
 from ps_server.hosts import HostTable, RemoteShard
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.service import READY_PREFIX, Service
-from ps_server.wire import DEFAULT_MAX_REQUEST_MB
+from ps_server.wire import DEFAULT_MAX_REQUEST_MB, TOKEN_KEY
 
 __all__ = ["HostService", "LISTENING_PREFIX", "DEFAULT_HOST_TIMEOUT", "main"]
 
@@ -91,6 +100,9 @@ class HostService(Service):
                 "journal, and a restarted coordinator starts an empty PS",
                 checkpoint_dir,
             )
+
+        self.moves = self.table.moves
+        self.table.partition_bytes = self._partition_bytes
 
     def start(self, timeout: float = 60.0) -> None:
         """Resume from the journal if it holds a placed PS, else start as a new one."""
@@ -209,6 +221,32 @@ class HostService(Service):
         while not self.stop_event.wait(1.0):
             if self.journal.wants_compaction:
                 self._start_journal()
+
+    def _partition_bytes(self) -> list[int] | None:
+        """Each partition's bytes, from its primary (None if one does not answer)."""
+        with self.coordinator.cond:
+            addresses = list(self.coordinator.addresses)
+        out = []
+        for address in addresses:
+            try:
+                with tls.open_channel(address, tls.env_ca()) as ch:
+                    health = pb_grpc.ShardStub(ch).Health(
+                        pb.Empty(), metadata=((TOKEN_KEY, self.token),), timeout=10
+                    )
+            except grpc.RpcError:
+                return None
+            out.append(health.nbytes)
+        return out
+
+    def _tend_more(self, i: int) -> None:
+        """Plan the moves a newly joined or draining host calls for; carry out `i`'s next."""
+        self.table.plan_joins()
+        self.table.plan_drains()
+        if i in self.table.lost or self.stop_event.is_set():
+            return
+        move = self.moves.take(i)
+        if move is not None:
+            migrate.run(self, move)
 
     def _launch(self, timeout: float) -> None:
         """Wait for `min_hosts` hosts, place the partitions on them, start them."""

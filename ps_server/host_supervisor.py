@@ -89,7 +89,10 @@ class HostSupervisor:
                     next_beat = now + self.interval
                     if assignment is not None:
                         if assignment.stop:
-                            log.info("the PS service is stopping; so do this host's shards")
+                            log.info(
+                                "told to stop (the PS service is stopping, or this host was "
+                                "drained); so do this host's shards"
+                            )
                             return
                         self._reconcile(assignment)
                 self._reap()

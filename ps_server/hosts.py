@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ps_server import journal, placement
+from ps_server import journal, migrate, placement
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError
 
@@ -39,6 +39,8 @@ log = logging.getLogger("ps_server.hosts")
 LOST_CODE = -9
 #: A host is lost after missing this many heartbeats.
 HEARTBEATS_PER_LEASE = 5
+#: Exit code recorded for a launch its host was told to stop (no longer in its assignment).
+STOPPED_CODE = -15
 _DEAD_KEPT_PER_PARTITION = 4  # dead launches remembered (the map names their hosts)
 
 
@@ -48,6 +50,8 @@ class _Host:
     last_seen: float
     alive: bool = True
     told_stop: bool = False
+    draining: bool = False  # `spark-ps-server drain`: being emptied, nothing new goes there
+    retired: bool = False  # drained: told to stop
 
     @property
     def weight(self) -> float:
@@ -104,6 +108,12 @@ class HostTable:
         # hosts restored from the journal, not yet heard -> their launches restored with them
         self.rejoining: dict[str, set[int]] = {}
 
+        self.moves = migrate.Moves()
+        #: Each partition's bytes (asked of the primaries; set by the service): a drain
+        #: is refused when they outgrow the other hosts' memory budgets.
+        self.partition_bytes: Callable[[], list[int] | None] = lambda: None
+        self.planned_for: set[str] = set()  # hosts the partitions were (re)balanced over
+
     def _log(self, record: dict, sync: bool = False) -> None:
         """Journal a change (holds the lock: records are in the order of the changes)."""
         if self.journal is not None:
@@ -138,6 +148,7 @@ class HostTable:
                     f"(or wait {self.timeout:g}s for the old one's lease to lapse)",
                 )
             if host is None or not host.alive:
+                self.planned_for.discard(info.id)  # back with nothing: it may take a share
                 log.warning(
                     "host %s (%s) %s: %d shard slots, %.0f MB",
                     info.id,
@@ -153,8 +164,14 @@ class HostTable:
             host.last_seen, host.alive = time.monotonic(), True
             for proc in report.processes:
                 self._record(info.id, proc)
-            host.told_stop = self.stopping
+            self._stopped(info.id)
+            if host.draining and not host.retired and self._empty(info.id):
+                host.retired = True
+                log.warning("host %s holds no partition now: drained, told to stop", info.id)
+            host.told_stop = self.stopping or host.retired
             self.lock.notify_all()
+            if host.retired:
+                return pb.HostAssignment(heartbeat_seconds=self.heartbeat_seconds, stop=True)
             return pb.HostAssignment(
                 launches=[
                     launch.message()
@@ -198,6 +215,20 @@ class HostTable:
             self._log({"t": "ended", "n": launch.number, "code": proc.exit_code})
             self.lock.notify_all()
 
+    def _stopped(self, host: str) -> None:
+        """The launches of `host` left out of its assignment are being stopped by it now:
+        record them as ended (holds the lock)."""
+        for launch in self.launches.values():
+            if launch.host == host and not launch.wanted and launch.returncode is None:
+                launch.returncode = STOPPED_CODE
+
+    def _empty(self, host: str) -> bool:
+        """Whether `host` runs no wanted launch and no move involves it (holds the lock)."""
+        busy = any(
+            x.host == host and x.wanted and x.returncode is None for x in self.launches.values()
+        )
+        return not busy and not self.moves.pending(f"drain {host}")
+
     def _expire(self) -> None:
         """Declare lost every host whose lease lapsed (holds the lock)."""
         now = time.monotonic()
@@ -206,6 +237,9 @@ class HostTable:
                 host.alive = False
                 self.rejoining.pop(host.info.id, None)
                 self._log({"t": "host", "info": journal.b64(host.info), "alive": False})
+                if host.retired:
+                    log.info("host %s (drained) stopped", host.info.id)
+                    continue
                 dead = [x for x in self.launches.values() if x.host == host.info.id]
                 dead = [x for x in dead if x.returncode is None]
                 for launch in dead:
@@ -225,7 +259,9 @@ class HostTable:
     def live_weights(self) -> dict[str, float]:
         with self.lock:
             self._expire()
-            return {h: host.weight for h, host in self.hosts.items() if host.alive}
+            return {
+                h: host.weight for h, host in self.hosts.items() if host.alive and not host.draining
+            }
 
     def wait_for_hosts(self, count: int, stopped: Callable[[], bool]) -> list[pb.HostInfo]:
         """Block until `count` hosts are alive; returns them ([] once `stopped()`)."""
@@ -241,9 +277,11 @@ class HostTable:
     # ------------------------------------------------------------ placement & launches
     def place_all(self, num_partitions: int) -> list[placement.Slot]:
         """Place every partition on the live hosts (once, before the first launch)."""
-        slots = placement.place(num_partitions, self.live_weights(), self.replicas)
+        weights = self.live_weights()
+        slots = placement.place(num_partitions, weights, self.replicas)
         with self.lock:
             self.slots = slots
+            self.planned_for = set(weights)
         log.info("placed %d partitions: %s", num_partitions, _summary(slots))
         return slots
 
@@ -278,6 +316,92 @@ class HostTable:
         dead = [n for n, x in self.launches.items() if x.returncode is not None]
         for n in dead[: max(0, len(dead) - _DEAD_KEPT_PER_PARTITION * len(self.slots))]:
             del self.launches[n]
+
+    def set_slot(self, partition: int, primary: str | None = None, backup: str | None = None):
+        """Where `partition`'s primary and backup belong from now on (None: unchanged)."""
+        with self.lock:
+            slot = self.slots[partition]
+            self.slots[partition] = placement.Slot(
+                slot.primary if primary is None else primary,
+                slot.backup if backup is None else backup,
+            )
+
+    # ------------------------------------------------------------ scale out and in
+    def plan_joins(self) -> None:
+        """Plan the moves that give each host that joined since the placement its share."""
+        weights = self.live_weights()
+        with self.lock:
+            new = sorted(set(weights) - self.planned_for) if self.slots else []
+            if not new or self.stopping:
+                return
+            slots = list(self.slots)
+            self.planned_for |= set(new)
+        for host in new:  # one at a time, each over the hosts of the one before
+            moves = migrate.plan_join(slots, weights, host, self.replicas)
+            self.moves.add(moves)
+            for m in moves:
+                s = slots[m.partition]
+                slots[m.partition] = (
+                    placement.Slot(host, s.backup)
+                    if m.role == "primary"
+                    else placement.Slot(s.primary, host)
+                )
+
+    def drain(self, host_id: str) -> None:
+        """Plan moving every replica off `host_id`; RequestError when it is unknown or the
+        other live hosts cannot hold them. Its supervisor is told to stop once it is empty.
+        May block on the primaries (their bytes): not for the coordinator's event loop."""
+        weights = self.live_weights()
+        with self.lock:
+            host = self.hosts.get(host_id)
+            if host is None or not host.alive or host.retired:
+                known = sorted(h for h, x in self.hosts.items() if x.alive and not x.retired)
+                raise RequestError(
+                    "NOT_FOUND",
+                    f"drain: no live host {host_id!r}; live hosts: {', '.join(known) or 'none'}",
+                )
+            weights.pop(host_id, None)
+            slots = list(self.slots)
+            budgets = {h: self.hosts[h].info.memory_mb for h in weights}
+        try:
+            nbytes = self.partition_bytes() if budgets and all(budgets.values()) else None
+            moves = migrate.plan_drain(slots, weights, host_id, self.replicas, budgets, nbytes)
+        except ValueError as e:
+            raise RequestError("FAILED_PRECONDITION", str(e)) from None
+        with self.lock:
+            host.draining = True
+        self.moves.cancel(host_id)
+        planned = self.moves.add(moves)  # one busy with another move: plan_drains() later
+        log.warning(
+            "draining host %s: %d of its %d replica moves planned now",
+            host_id,
+            len(planned),
+            len(moves),
+        )
+
+    def plan_drains(self) -> None:
+        """Plan the moves off each draining host that its drain could not plan at once (a
+        partition then moving, e.g. onto it)."""
+        weights = self.live_weights()
+        with self.lock:
+            draining = [h for h, x in self.hosts.items() if x.draining and not x.retired]
+            slots = list(self.slots)
+        for host in draining:
+            reason = f"drain {host}"
+            if self.moves.pending(reason):
+                continue
+            planned = self.moves.partitions(reason)
+            left = [
+                p for p, s in enumerate(slots) if host in (s.primary, s.backup) and p not in planned
+            ]
+            if not left:
+                continue
+            try:
+                moves = migrate.plan_drain(slots, weights, host, self.replicas)
+            except ValueError as e:
+                log.error("%s", e)
+                continue
+            self.moves.add([m for m in moves if m.partition in left])
 
     def swap(self, partition: int) -> None:
         """The backup of `partition` was promoted: primary and backup hosts trade places."""
@@ -340,10 +464,12 @@ class HostTable:
                 info = smap.hosts.add()
                 info.CopyFrom(host.info)
                 info.alive, info.seconds_since_heartbeat = host.alive, now - host.last_seen
+                info.draining, info.retired = host.draining, host.retired
             where = {x.address: x.host for x in self.launches.values() if x.address}
             smap.primary_hosts.extend(where.get(a, "") for a in smap.addresses)
             smap.backup_hosts.extend(where.get(a, "") for a in smap.backups)
             smap.lost.extend(self.lost.get(i, "") for i in range(len(smap.addresses)))
+        smap.moves.extend(self.moves.messages())
 
 
 def _summary(slots: list[placement.Slot]) -> str:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Slot", "DEFAULT_SLACK", "rank", "capacity", "place", "choose"]
+__all__ = ["Slot", "DEFAULT_SLACK", "score", "rank", "capacity", "place", "choose"]
 
 #: How far above its fair share (by weight) a host may be loaded.
 DEFAULT_SLACK = 1.25
@@ -36,7 +36,7 @@ class Slot:
     backup: str = ""
 
 
-def _score(host: str, partition: int, weight: float) -> float:
+def score(host: str, partition: int, weight: float) -> float:
     """Weighted rendezvous score: -w / ln(u), u uniform in (0, 1) from a stable hash."""
     digest = hashlib.blake2b(f"{host}\0{partition}".encode(), digest_size=8).digest()
     u = (int.from_bytes(digest, "big") + 0.5) / 2.0**64
@@ -46,7 +46,7 @@ def _score(host: str, partition: int, weight: float) -> float:
 def rank(partition: int, weights: Mapping[str, float]) -> list[str]:
     """Hosts in the order `partition` prefers them (ties broken by host id)."""
     _check_weights(weights)
-    return sorted(weights, key=lambda h: (-_score(h, partition, weights[h]), h))
+    return sorted(weights, key=lambda h: (-score(h, partition, weights[h]), h))
 
 
 def capacity(

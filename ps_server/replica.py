@@ -351,8 +351,15 @@ class Replica:
     # ------------------------------------------------------------ configuration
     def configure(self, config: pb.ReplicaConfig) -> pb.Ack:
         """Promote this backup if it is provably current, or (on a primary) adopt the term
-        and seed and attach / detach a backup. Answers the bytes seeded and the sequence
-        number at which forwarding to the backup began."""
+        and seed and attach / detach a backup, or step down ("deposed": a planned hand-over
+        to another replica, ps_server.migrate). Answers the bytes seeded and the sequence
+        number at which forwarding to the backup began (or at which it stepped down)."""
+        if config.role == "deposed":
+            with self.lock:  # after the mutation in flight, if any: serve nothing more
+                self.state.role = "deposed"
+                self._set_backup("")
+            log.info("shard %d: stepped down (its partition is handed over)", self.servicer.index)
+            return pb.Ack(seq=self.state.seq)
         if config.role != "primary":
             raise RequestError("INVALID_ARGUMENT", f"{self.where}: cannot become {config.role!r}")
         with self.lock:

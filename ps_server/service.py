@@ -208,8 +208,12 @@ class Service:
                     self._primary_died(i, p)
                 if self.replicas == 2 and not self.stop_event.is_set():
                     self._tend_backup(i)
+                self._tend_more(i)
             except Exception:  # noqa: BLE001 - a watcher that died would leave `i` unwatched
                 log.exception("shard %d: supervising failed; trying again", i)
+
+    def _tend_more(self, i: int) -> None:
+        """Further work on index `i` by its watcher (the service across hosts moves it)."""
 
     def _primary_died(self, i: int, p: subprocess.Popen) -> None:
         """Promote a live attached backup that proves current (no update lost: the steps
@@ -339,10 +343,17 @@ class Service:
         self.backups[i], self.backup_addr[i] = None, ""
 
     def _configure(
-        self, address: str, backup: str, term: int, expect_term: int = 0, min_seq: int = 0
+        self,
+        address: str,
+        backup: str,
+        term: int = 0,
+        expect_term: int = 0,
+        min_seq: int = 0,
+        role: str = "primary",
     ) -> pb.Ack:
         """Tell the shard at `address` to be the primary of `term` forwarding to `backup`
-        ("" = none); a backup so told is promoted if it proves current (``fencing``)."""
+        ("" = none); a backup so told is promoted if it proves current (``fencing``). Role
+        "deposed": step down (a planned hand-over; the answer's seq is where it stopped)."""
         with self._lock:
             if self.stop_event.is_set():
                 raise _Stopping()
@@ -351,7 +362,7 @@ class Service:
             stub = pb_grpc.ShardStub(self._channels[address])
         return stub.Configure(
             pb.ReplicaConfig(
-                role="primary",
+                role=role,
                 backup=backup,
                 term=term,
                 expect_term=expect_term,

@@ -73,6 +73,7 @@ def _replicated(mutates: Callable[[object, object], bool] = _always) -> Callable
             if not mutates(self, request):
                 return method(self, request, context)
             with self.cut.shared():  # no snapshot sees it half applied
+                rep = self.replica  # again: a solo shard may have turned primary meanwhile
                 if rep is None:
                     return method(self, request, context)
                 run = lambda: method(self, request, context)  # noqa: E731
@@ -119,6 +120,9 @@ class ShardServicer(pb_grpc.ShardServicer):
         #: Where Checkpoint/Restore may write/read (None: anywhere; see main())
         self.checkpoint_roots: list[str] | None = None
         self.replica: Replica | None = None  # set when the service runs with --replicas 2
+        #: Across hosts, a solo shard's Replica-to-be: made when it is first configured (a
+        #: move seeds a copy from it, ps_server.migrate); until then it runs as solo.
+        self.become_primary: Callable[[], Replica] | None = None
         self.direct: DirectServer | None = None  # the direct lane (see serve_shard)
 
     @property
@@ -290,6 +294,13 @@ class ShardServicer(pb_grpc.ShardServicer):
 
     @_guard
     def Configure(self, request, context):
+        if self.replica is None and self.become_primary is not None:
+            try:  # after the mutations in flight: every later one goes through the Replica
+                with self.cut.exclusive(60.0, f"shard {self.index}: turning primary"):
+                    if self.replica is None:
+                        self.replica = self.become_primary()
+            except TimeoutError as e:
+                raise RequestError("UNAVAILABLE", str(e)) from None
         return self._replica().configure(request)
 
     @_guard
@@ -458,9 +469,13 @@ def main(argv: list[str] | None = None) -> None:
         memory_budget=int(args.memory_mb * (1 << 20)),
     )
     servicer.checkpoint_roots = checkpoint_roots(args.host, args.restore)
+    limit = int(args.max_request_mb * (1 << 20))
     if args.role != "solo":
-        limit = int(args.max_request_mb * (1 << 20))
         servicer.replica = Replica(servicer, args.role, args.coordinator, token, limit)
+    elif args.host_id:  # across hosts: a partition may move, by way of a copy seeded here
+        servicer.become_primary = lambda: Replica(
+            servicer, "primary", args.coordinator, token, limit
+        )
     if args.restore and args.role != "backup":
         restored = checkpoint.restore_latest(args.restore, args.index)
         if restored is not None:

@@ -1,8 +1,9 @@
 """`spark-ps-server status HOST:PORT`: the shard map as JSON.
 
-Hosts (alive, heartbeat age, what they hold), partitions (primary and backup with
-their hosts, or why a partition is lost), models (rows and bytes per partition and in
-total) and the recovery counters, read from the coordinator and each partition's primary.
+Hosts (alive, heartbeat age, draining or retired, what they hold), partitions (primary and
+backup with their hosts, or why a partition is lost), models (rows and bytes per partition
+and in total), the recovery counters and the partition moves (planned, moving, done or
+failed, with their time), read from the coordinator and each partition's primary.
 """
 
 from __future__ import annotations
@@ -52,7 +53,21 @@ def status(address: str, token: str = "", timeout: float = 10.0) -> dict:
         "partitions": partitions,
         "models": models,
         "bytes": sum(p.get("bytes", 0) for p in partitions),
-        "counters": counters,  # promotions, restarts, lost partitions, ...
+        "counters": counters,  # promotions, restarts, lost partitions, moves, ...
+        "moves": [move_json(m) for m in smap.moves],
+    }
+
+
+def move_json(m: pb.Move) -> dict:
+    return {
+        "partition": m.partition,
+        "role": m.role,
+        "from": m.from_host,
+        "to": m.to_host,
+        "reason": m.reason,
+        "state": m.state,
+        "seconds": round(m.seconds, 3),
+        "error": m.error,
     }
 
 
@@ -78,6 +93,8 @@ def _host(h: pb.HostInfo, smap: pb.ShardMap) -> dict:
         "seconds_since_heartbeat": round(h.seconds_since_heartbeat, 3),
         "shards": h.shards,
         "memory_mb": h.memory_mb,
+        "draining": h.draining,
+        "retired": h.retired,
         "primaries": [i for i, x in enumerate(smap.primary_hosts) if x == h.id],
         "backups": [i for i, x in enumerate(smap.backup_hosts) if x == h.id],
     }

@@ -818,6 +818,11 @@ class CoordinatorStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.HostReport.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.HostAssignment.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/spark_ps.Coordinator/Drain',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.DrainRequest.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -960,6 +965,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Move every replica off a host, then tell it to stop; refused when the others cannot
+        hold its partitions. Answers at once with the planned moves (in the map's `moves`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1072,6 +1085,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.HostHeartbeat,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.HostReport.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.HostAssignment.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.DrainRequest.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1668,6 +1686,33 @@ class Coordinator:
             '/spark_ps.Coordinator/HostHeartbeat',
             ps__server_dot_proto_dot_ps__pb2.HostReport.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.HostAssignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/Drain',
+            ps__server_dot_proto_dot_ps__pb2.DrainRequest.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
             options,
             channel_credentials,
             insecure,
