@@ -1,0 +1,95 @@
+"""One LR fit on whatever master and ``spark.ps.*`` settings spark-submit gives it, and
+what the PS looked like: run by tests with ``spark.ps.mode=executors`` on a cluster master,
+and on ``local[2]`` for the reference model.
+
+Prints one ``RESULT <json>`` line: the application id, the PS address, the coefficients,
+intercept and training AUC, the shard map (``spark-ps-server status``'s JSON; none for an
+embedded PS), the PS processes of this machine that belong to the application (the
+coordinator under the driver JVM, shard supervisors and shards that name its address), and
+those of them still alive 30 s after ``spark.stop()``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import psutil
+from pyspark.ml.evaluation import BinaryClassificationEvaluator
+from pyspark.ml.linalg import Vectors
+from pyspark.sql import SparkSession
+
+
+def rows(n: int = 2000, d: int = 8, seed: int = 3) -> list:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    w = np.linspace(-1.0, 1.0, d)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-(X @ w + 0.3)))).astype(float)
+    return [(float(y[i]), Vectors.dense(X[i].tolist())) for i in range(n)]
+
+
+def ps_processes(address: str) -> list[dict]:
+    """The coordinator the driver JVM started, and supervisors/shards joined to `address`."""
+    found = []
+    jvm = psutil.Process().parent()  # spark-submit's JVM runs this Python
+    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "ps_server" not in " ".join(cmd):
+            continue
+        if ("coordinator" in cmd and p.info["ppid"] == jvm.pid) or address in cmd:
+            parent = psutil.Process(p.info["ppid"]) if p.info["ppid"] else None
+            found.append(
+                {
+                    "pid": p.info["pid"],
+                    "kind": "coordinator"
+                    if "coordinator" in cmd
+                    else ("supervisor" if "shards" in cmd else "shard"),
+                    "host_id": cmd[cmd.index("--host-id") + 1] if "--host-id" in cmd else "",
+                    "parent": parent.name() if parent is not None else "",
+                }
+            )
+    return found
+
+
+def main() -> None:
+    from spark_ps import PSContext
+    from spark_ps.ml.classification import LogisticRegression
+
+    spark = SparkSession.builder.getOrCreate()
+    df = spark.createDataFrame(rows(), ["label", "features"]).repartition(2).cache()
+    df.count()
+    t0 = time.monotonic()
+    ps = PSContext.getOrCreate(spark)
+    out: dict = {"app": spark.sparkContext.applicationId, "address": ps.address}
+    out["ps_ready_seconds"] = time.monotonic() - t0
+    model = LogisticRegression(maxIter=30, regParam=0.01, tol=1e-10).fit(df)
+    out["fit_seconds"] = time.monotonic() - t0
+    out["coefficients"] = model.coefficients.toArray().tolist()
+    out["intercept"] = model.intercept
+    out["auc"] = BinaryClassificationEvaluator().evaluate(model.transform(df))
+    if not ps.embedded:
+        from ps_server.status import status
+
+        out["status"] = status(ps.address, ps.token)
+    procs = ps_processes(ps.address)
+    out["processes"] = procs
+    spark.stop()
+    deadline = time.monotonic() + 30
+    alive = [p["pid"] for p in procs]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in alive if psutil.pid_exists(pid) and _running(pid)]
+    out["alive_after_stop"] = alive
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+if __name__ == "__main__":
+    main()
