@@ -33,6 +33,10 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.tls.cert``      PEM certificate: the embedded PS serves TLS (with tls.key)
 ``spark.ps.tls.key``       PEM private key of tls.cert
 ``spark.ps.tls.ca``        PEM CA clients trust (default: tls.cert, i.e. self-signed)
+``spark.ps.mode``          ``executors``: shards beside the executors, started by the
+                           bridge plugin (``io.sparkps.bridge.PSPlugin``), which also
+                           reads ``spark.ps.numHosts``, ``executorShards``, ``joinWait``;
+                           this waits for their shards (default ``embedded``)
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
