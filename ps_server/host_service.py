@@ -27,6 +27,7 @@ import time
 
 from ps_server import lifecycle
 from ps_server.hosts import HostTable, RemoteShard
+from ps_server.proto import ps_pb2 as pb
 from ps_server.service import READY_PREFIX, Service
 from ps_server.wire import DEFAULT_MAX_REQUEST_MB
 
@@ -84,25 +85,30 @@ class HostService(Service):
         if self.announce:
             print(f"{LISTENING_PREFIX}{self.address}", flush=True)
         log.info("coordinator at %s: waiting for %d hosts to join", self.address, self.min_hosts)
-
-        def stopped() -> bool:
-            return self.stop_event.is_set() or bool(self.signals)
-
-        hosts = self.table.wait_for_hosts(self.min_hosts, stopped)
-        while hosts and self.join_wait > 0:  # until none joined for join_wait seconds
-            quiet = time.monotonic() + self.join_wait
-            more = self.table.wait_for_hosts(
-                len(hosts) + 1, lambda q=quiet: stopped() or time.monotonic() > q
-            )
-            if not more:
-                hosts = self.table.wait_for_hosts(self.min_hosts, stopped)  # those alive now
-                break
-            hosts = more
+        hosts = self._wait_for_joins()
         if not hosts:
             return  # stopped before they joined: main() sees no placement
         self._resize(self.partitions or sum(h.shards for h in hosts))
         self.table.place_all(self.num_shards)
         super()._launch(timeout)
+
+    def _wait_for_joins(self) -> list[pb.HostInfo]:
+        """The live hosts once `min_hosts` joined and, with `join_wait`, none joined for
+        that many seconds since; [] if stopped first."""
+
+        def stopped() -> bool:
+            return self.stop_event.is_set() or bool(self.signals)
+
+        hosts = self.table.wait_for_hosts(self.min_hosts, stopped)
+        while hosts and self.join_wait > 0:
+            quiet = time.monotonic() + self.join_wait
+            more = self.table.wait_for_hosts(
+                len(hosts) + 1, lambda q=quiet: stopped() or time.monotonic() > q
+            )
+            if not more:
+                return self.table.wait_for_hosts(self.min_hosts, stopped)  # those alive now
+            hosts = more
+        return hosts
 
     def _resize(self, n: int) -> None:
         """Size the partition tables (their count may come from the joining hosts)."""

@@ -3,18 +3,15 @@ what the PS looked like: run by tests with ``spark.ps.mode=executors`` on a clus
 and on ``local[2]`` for the reference model.
 
 Prints one ``RESULT <json>`` line: the application id, the PS address, the coefficients,
-intercept and training AUC (exact), the shard map (``spark-ps-server status``'s JSON; none for an
-embedded PS), the PS processes of this machine that belong to the application (the
-coordinator under the driver JVM, shard supervisors and shards that name its address), and
-those of them still alive 30 s after ``spark.stop()``. With the argument ``kill`` (and
-``spark.ps.checkpointDir`` set), the fit runs again while one executor JVM is SIGKILLed.
+intercept and exact training AUC, the shard map (``spark-ps-server status``'s JSON; none
+for a PS this process started itself), the PS processes of this machine that belong to
+the application (the coordinator under the driver JVM, shard supervisors and shards that
+name its address), and those of them still alive 30 s after ``spark.stop()``.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
 import time
 
 import numpy as np
@@ -66,47 +63,6 @@ def ps_processes(address: str) -> list[dict]:
     return found
 
 
-def fit_killing_an_executor(spark, df, ps) -> dict:
-    """The same fit again (checkpointing every 2 iterations), SIGKILLing the JVM of the
-    executor that hosts partition 0 once the fit's first checkpoint is sealed."""
-    from ps_server.status import status
-    from spark_ps.ml.classification import LogisticRegression
-
-    app, box = spark.sparkContext.applicationId, {}
-    before = status(ps.address, ps.token)["counters"].get("checkpoint", 0)
-
-    def killer() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            st = status(ps.address, ps.token)
-            if st["counters"].get("checkpoint", 0) > before:
-                break
-            time.sleep(0.1)
-        executor = st["partitions"][0]["host"].rsplit("-", 1)[1]
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            cmd = p.info["cmdline"] or []
-            if "--app-id" in cmd and app in cmd and "--executor-id" in cmd:
-                if cmd[cmd.index("--executor-id") + 1] == executor:
-                    p.kill()
-                    box.update(executor=executor, pid=p.info["pid"])
-
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
-    t0 = time.monotonic()
-    try:
-        est = LogisticRegression(maxIter=30, regParam=0.01, tol=1e-10, checkpointInterval=2)
-        model = est.fit(df)
-        box.update(ok=True, coefficients=model.coefficients.toArray().tolist())
-        box["intercept"] = model.intercept
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        box.update(ok=False, error=f"{type(e).__name__}: {str(e)[:3000]}")
-    box["seconds"] = time.monotonic() - t0
-    thread.join(5)
-    after = status(ps.address, ps.token)
-    box.update(counters=after["counters"], hosts=[h["id"] for h in after["hosts"]])
-    return box
-
-
 def main() -> None:
     from spark_ps import PSContext
     from spark_ps.ml.classification import LogisticRegression
@@ -128,8 +84,6 @@ def main() -> None:
         from ps_server.status import status
 
         out["status"] = status(ps.address, ps.token)
-    if sys.argv[1:] == ["kill"]:
-        out["killed"] = fit_killing_an_executor(spark, df, ps)
     procs = ps_processes(ps.address)
     out["processes"] = procs
     spark.stop()

@@ -8,12 +8,16 @@ hosts, on a standalone cluster in network namespaces, is in ``tests/test_cluster
 from __future__ import annotations
 
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from child_jobs import result_of, run_script, spark_submit
 from test_jvm_bridge import bridge_jar as _bridge_jar  # noqa: F401 - fixture: jar, rebuilt if stale
 
+from ps_server.host_service import HostService
+from ps_server.proto import ps_pb2 as pb
 from spark_ps.context import _in_executors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +37,35 @@ def test_an_unknown_mode_is_refused_naming_the_setting():
 
 def test_a_local_master_keeps_the_embedded_ps():
     assert _in_executors(None, {"mode": "executors"}) is False  # no Spark: local
+
+
+def _joined_after(join_wait: float, delays: dict[str, float]) -> tuple[set[str], float]:
+    """Hosts the coordinator places on, and when, if each host joins after its delay."""
+    service = HostService(min_hosts=1, join_wait=join_wait)
+
+    def join(host: str, delay: float) -> None:
+        time.sleep(delay)
+        info = pb.HostInfo(id=host, address=f"addr-{host}", shards=1, run_id=f"run-{host}")
+        service.table.report(pb.HostReport(host=info))
+
+    try:
+        for host, delay in delays.items():
+            threading.Thread(target=join, args=(host, delay), daemon=True).start()
+        t0 = time.monotonic()
+        hosts = service._wait_for_joins()
+        return {h.id for h in hosts}, time.monotonic() - t0
+    finally:
+        service.stop()
+
+
+def test_join_wait_takes_the_executors_that_join_close_together():
+    """With no host count to wait for (spark.ps.joinWait): every host that joins within
+    join_wait of the previous one, not one that comes later; without it, the first."""
+    hosts, seconds = _joined_after(0.8, {"a": 0.0, "b": 0.4, "late": 3.0})
+    assert hosts == {"a", "b"}
+    assert 1.1 < seconds < 2.5, seconds  # b at 0.4 s, then 0.8 s without a join
+    hosts, seconds = _joined_after(0.0, {"a": 0.0, "b": 0.4})
+    assert hosts == {"a"} and seconds < 0.4
 
 
 _NO_PLUGIN_JOB = textwrap.dedent(
