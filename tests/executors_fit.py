@@ -6,12 +6,15 @@ Prints one ``RESULT <json>`` line: the application id, the PS address, the coeff
 intercept and exact training AUC, the shard map (``spark-ps-server status``'s JSON; none
 for a PS this process started itself), the PS processes of this machine that belong to
 the application (the coordinator under the driver JVM, shard supervisors and shards that
-name its address), and those of them still alive 30 s after ``spark.stop()``.
+name its address), and those of them still alive 30 s after ``spark.stop()``. With the
+argument ``kill-executor``, one executor JVM is SIGKILLed before the stop (see
+`kill_an_executor`).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -63,6 +66,39 @@ def ps_processes(address: str) -> list[dict]:
     return found
 
 
+def kill_an_executor(spark, ps, procs: list[dict]) -> dict:
+    """SIGKILL the JVM of the executor that hosts partition 0; report its PS processes
+    still alive 20 s later, and the map once the coordinator lost that host and Spark's
+    replacement executor joined (or 90 s passed)."""
+    from ps_server.status import status
+
+    app, before = spark.sparkContext.applicationId, status(ps.address, ps.token)
+    victim = before["partitions"][0]["host"]
+    executor = victim.rsplit("-", 1)[1]
+    mine = [p["pid"] for p in procs if p["host_id"] == victim]
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if app in cmd and "--executor-id" in cmd[:-1]:
+            if cmd[cmd.index("--executor-id") + 1] != executor:
+                continue
+            p.kill()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 20 and any(_running(pid) for pid in mine):
+        time.sleep(0.1)
+    out = {"host": victim, "ps_pids": mine, "orphans": [pid for pid in mine if _running(pid)]}
+    out["gone_seconds"] = time.monotonic() - t0
+    old = {h["id"] for h in before["hosts"]}
+    while time.monotonic() - t0 < 90:
+        st = status(ps.address, ps.token)
+        alive = {h["id"] for h in st["hosts"] if h["alive"]}
+        if victim not in alive and alive - old:
+            break
+        time.sleep(0.5)
+    out.update(alive=sorted(alive), lost=[p["lost"] for p in st["partitions"]])
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
 def main() -> None:
     from spark_ps import PSContext
     from spark_ps.ml.classification import LogisticRegression
@@ -86,9 +122,12 @@ def main() -> None:
         out["status"] = status(ps.address, ps.token)
     procs = ps_processes(ps.address)
     out["processes"] = procs
+    if sys.argv[1:] == ["kill-executor"]:
+        out["killed"] = kill_an_executor(spark, ps, procs)
+        procs = procs + ps_processes(ps.address)  # the replacement's too
     spark.stop()
     deadline = time.monotonic() + 30
-    alive = [p["pid"] for p in procs]
+    alive = sorted({p["pid"] for p in procs})
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
         alive = [pid for pid in alive if psutil.pid_exists(pid) and _running(pid)]

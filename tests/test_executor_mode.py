@@ -105,9 +105,12 @@ def test_executors_mode_without_the_plugin_fails_at_once_naming_the_conf_to_add(
 def test_local_cluster_executors_host_the_shards_and_take_them_down_with_the_app(jar):
     """Each executor JVM starts a shard supervisor (host id ``<address>/executor-<id>``);
     the coordinator waits for both (local-cluster[2,...]: 2 hosts), places one partition
-    on each, the fit trains on them; spark.stop() leaves none of these processes."""
+    on each, the fit trains on them. A SIGKILLed executor JVM takes its supervisor and
+    shard with it; the coordinator loses that host and says why its partition is lost (no
+    backup, no checkpoint dir); Spark's replacement executor joins as a new host.
+    spark.stop() leaves none of these processes."""
     conf = {"spark.plugins": PLUGIN, "spark.ps.mode": "executors", "spark.ui.enabled": "false"}
-    r = result_of(spark_submit(JOB, conf=conf, jars=(jar,), timeout=300))
+    r = result_of(spark_submit(JOB, "kill-executor", conf=conf, jars=(jar,), timeout=400))
     st = r["status"]
     hosts = {h["id"] for h in st["hosts"]}
     address = st["hosts"][0]["address"]
@@ -118,5 +121,10 @@ def test_local_cluster_executors_host_the_shards_and_take_them_down_with_the_app
     assert kinds == ["coordinator", "shard", "shard", "supervisor", "supervisor"], r["processes"]
     assert {p["parent"] for p in r["processes"] if p["kind"] == "supervisor"} == {"java"}
     assert {p["host_id"] for p in r["processes"] if p["kind"] != "coordinator"} == hosts
-    assert r["alive_after_stop"] == [], r["processes"]
     assert 0.8 < r["auc"] < 0.9, r  # a real fit on the shards (its exact value: test_cluster)
+    k = r["killed"]
+    assert len(k["ps_pids"]) == 2 and k["orphans"] == [], k  # its supervisor and shard
+    assert k["host"] not in k["alive"] and len(k["alive"]) == 2, k  # survivor + replacement
+    assert k["host"] in hosts and (set(k["alive"]) - hosts), k
+    assert "partition 0 is lost" in k["lost"][0] and "--checkpoint-dir" in k["lost"][0], k
+    assert r["alive_after_stop"] == [], r["processes"]
