@@ -2,8 +2,9 @@
 
 `spark-ps-server coordinator` runs this; every other machine runs
 `spark-ps-server shards --join` (``ps_server.host_supervisor``). Once ``min_hosts``
-hosts have joined, the partitions are placed on them (``ps_server.placement``) and each
-host's supervisor starts the shard processes placed on it.
+hosts have joined (and, with ``join_wait``, no other joined for that many seconds), the
+partitions are placed on them (``ps_server.placement``) and each host's supervisor starts
+the shard processes placed on it.
 
 Supervision is the single-host service's own (``ps_server.service.Service``): one
 watcher thread per partition promotes an attached backup when its primary dies, seeds
@@ -36,6 +37,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 
 import grpc
 
@@ -70,6 +72,7 @@ class HostService(Service):
         host_timeout: float = DEFAULT_HOST_TIMEOUT,
         min_hosts: int = 1,
         announce: bool = False,
+        join_wait: float = 0.0,
     ) -> None:
         if partitions < 0:
             raise ValueError(
@@ -90,6 +93,7 @@ class HostService(Service):
             max_request_mb=max_request_mb,
         )
         self.partitions, self.min_hosts, self.announce = partitions, min_hosts, announce
+        self.join_wait = join_wait
         self.table = HostTable(host_timeout, replicas, checkpoint_dir, max_request_mb)
         self.coordinator.hosts = self.table
         where = journal.journal_dir(checkpoint_dir)
@@ -253,9 +257,7 @@ class HostService(Service):
         if self.announce:
             print(f"{LISTENING_PREFIX}{self.address}", flush=True)
         log.info("coordinator at %s: waiting for %d hosts to join", self.address, self.min_hosts)
-        hosts = self.table.wait_for_hosts(
-            self.min_hosts, lambda: self.stop_event.is_set() or bool(self.signals)
-        )
+        hosts = self._wait_for_joins()
         if not hosts:
             return  # stopped before they joined: main() sees no placement
         self._resize(self.partitions or sum(h.shards for h in hosts))
@@ -265,6 +267,24 @@ class HostService(Service):
             self._start_journal()
         self.table.place_all(self.num_shards)
         super()._launch(timeout)
+
+    def _wait_for_joins(self) -> list[pb.HostInfo]:
+        """The live hosts once `min_hosts` joined and, with `join_wait`, none joined for
+        that many seconds since; [] if stopped first."""
+
+        def stopped() -> bool:
+            return self.stop_event.is_set() or bool(self.signals)
+
+        hosts = self.table.wait_for_hosts(self.min_hosts, stopped)
+        while hosts and self.join_wait > 0:
+            quiet = time.monotonic() + self.join_wait
+            more = self.table.wait_for_hosts(
+                len(hosts) + 1, lambda q=quiet: stopped() or time.monotonic() > q
+            )
+            if not more:
+                return self.table.wait_for_hosts(self.min_hosts, stopped)  # those alive now
+            hosts = more
+        return hosts
 
     def _resize(self, n: int) -> None:
         """Size the partition tables (their count may come from the joining hosts)."""
@@ -344,6 +364,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--min-hosts", type=int, default=0, help="hosts to wait for (default: replicas)")
     p.add_argument(
+        "--join-wait",
+        type=float,
+        default=0.0,
+        help="after --min-hosts joined, also wait for hosts that join within this many seconds "
+        "of the last one (default 0: place at once)",
+    )
+    p.add_argument(
         "--host-timeout",
         type=float,
         default=DEFAULT_HOST_TIMEOUT,
@@ -383,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
             args.host_timeout,
             args.min_hosts or args.replicas,
             announce=True,
+            join_wait=args.join_wait,
         )
     except (ValueError, OSError) as e:
         sys.exit(f"spark-ps-server coordinator: {e}")

@@ -33,6 +33,10 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.tls.cert``      PEM certificate: the embedded PS serves TLS (with tls.key)
 ``spark.ps.tls.key``       PEM private key of tls.cert
 ``spark.ps.tls.ca``        PEM CA clients trust (default: tls.cert, i.e. self-signed)
+``spark.ps.mode``          ``executors``: shards beside the executors, started by the
+                           bridge plugin (``io.sparkps.bridge.PSPlugin``), which also
+                           reads ``spark.ps.numHosts``, ``executorShards``, ``joinWait``;
+                           this waits for their shards (default ``embedded``)
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
@@ -132,6 +136,74 @@ def _embedded_host(spark, conf: dict) -> str:
     return driver
 
 
+_EXECUTORS_WAIT = "180"  # seconds for executors to start and join, unless startTimeout is set
+_NO_PLUGIN = (
+    "spark.ps.mode=executors runs the PS shards beside the executors, started by the spark-ps "
+    "bridge's plugin, which this application has not loaded: start it with --conf "
+    "spark.plugins=io.sparkps.bridge.PSPlugin and --jars {jar} (spark-submit), or the same "
+    "keys spark.plugins and spark.jars in SparkSession.builder.config(...) (a plugin added "
+    "after the session started does not load)"
+)
+
+
+def _in_executors(spark, conf: dict) -> bool:
+    """``spark.ps.mode=executors`` on a master with executors of their own (``local`` and
+    ``local[N]`` keep the embedded PS: their tasks run in the driver's JVM)."""
+    mode = _conf(spark, "mode", conf).strip().lower() or "embedded"
+    if mode not in ("embedded", "executors"):
+        raise ValueError(f"spark.ps.mode must be embedded or executors, got {mode!r}")
+    master = spark.sparkContext.master if spark is not None else "local"
+    if mode == "executors" and (master == "local" or master.startswith("local[")):
+        log.info("spark.ps.mode=executors with master %s: using an embedded PS", master)
+        return False
+    if mode == "executors" and _conf(spark, "address", conf) and spark is not None:
+        plugins = spark.sparkContext.getConf().get("spark.plugins", "")
+        if "io.sparkps.bridge.PSPlugin" not in plugins:
+            return False  # an external service named by spark.ps.address
+    return mode == "executors"
+
+
+def _wait_for_shards(address: str, token: str, tls_ca: bytes | None, timeout: float) -> None:
+    """Wait until the coordinator at `address` placed its partitions on the executors that
+    joined and every primary registered; raise naming who joined and the settings."""
+    import time
+
+    import grpc
+
+    from ps_server import tls
+    from ps_server.proto import ps_pb2 as pb
+    from ps_server.proto import ps_pb2_grpc as pb_grpc
+    from ps_server.wire import TOKEN_KEY
+
+    deadline, smap = time.monotonic() + timeout, None
+    with tls.open_channel(address, tls_ca) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                smap = stub.GetShardMap(pb.Empty(), metadata=((TOKEN_KEY, token),), timeout=10)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise RuntimeError(
+                        f"PS coordinator {address}: {e.code().name}: {e.details()}"
+                    ) from None
+            if smap is not None and smap.addresses and all(smap.addresses):
+                log.info(
+                    "PS shards on executors: %d partitions on %s",
+                    len(smap.addresses),
+                    ", ".join(h.id for h in smap.hosts),
+                )
+                return
+            time.sleep(0.2)
+    joined = [h.id for h in smap.hosts] if smap is not None else []
+    raise RuntimeError(
+        f"spark.ps.mode=executors: the PS at {address} has no shards after {timeout:g}s "
+        f"(spark.ps.startTimeout); executors joined: {joined or 'none'}. The coordinator "
+        "waits for spark.ps.numHosts executors (default: spark.executor.instances, or "
+        "spark.cores.max / spark.executor.cores): lower it, or check the executors' stderr "
+        "for the shard supervisor's errors (the executors' Python needs spark-ps)"
+    )
+
+
 def _launch(cmd: list[str], env: dict) -> subprocess.Popen:
     """Start the service from a thread that lives as long as this process.
 
@@ -222,7 +294,17 @@ class PSContext:
             address = _conf(spark, "address", conf)
             token = _conf(spark, "token", conf)
             kw = _context_kw(spark, conf)
+            in_executors = _in_executors(spark, conf)
+            if in_executors and not address:
+                from spark_ps._jvm import bridge_jar
+
+                raise ValueError(_NO_PLUGIN.format(jar=bridge_jar()))
             if address:
+                if in_executors:  # the plugin's coordinator: wait for the executors' shards
+                    timeout = conf.get("startTimeout") or spark.sparkContext.getConf().get(
+                        "spark.ps.startTimeout", _EXECUTORS_WAIT
+                    )
+                    _wait_for_shards(address, token, kw["tls_ca"], float(timeout))
                 ctx = cls(address, token, **kw)
             else:
                 ctx = cls._start_embedded(spark, conf, token or new_token(), kw)

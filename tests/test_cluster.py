@@ -124,3 +124,55 @@ def test_flights_example_runs_on_the_cluster_and_matches_a_local_run(cluster):
     # order in which partial sums meet can differ, ~1e-16 relative on the loss; the
     # printed 6 decimals of loss and AUC must agree.
     assert cluster_fit == local_fit, (cluster_fit, local_fit)
+
+
+@pytest.fixture(scope="module")
+def in_executors(cluster, plugin_jar) -> dict:
+    """tests/executors_fit.py with spark.ps.mode=executors on the cluster (spark.cores.max 2
+    over 1-core executors: the coordinator waits for 2 hosts), and the same job on local[2]
+    (an embedded PS) for the reference model."""
+    conf = {
+        "spark.plugins": "io.sparkps.bridge.PSPlugin",
+        "spark.ps.mode": "executors",
+        "spark.cores.max": "2",
+    }
+    job = ["--jars", str(plugin_jar), str(ROOT / "tests" / "executors_fit.py")]
+    return {
+        "cluster": _result(cluster.submit(job, conf=conf, timeout=300)),
+        "local": _result(cluster.submit(job, master="local[2]", conf=conf, timeout=300)),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
+def test_executors_mode_runs_the_shards_on_the_executors_hosts(cluster, in_executors):
+    """Each executor (one per Worker host, one core each) runs a shard supervisor that
+    joins the coordinator beside the driver; one partition lands on each host; the same
+    1-core executors still run the fit's tasks; nothing is left once the app stops."""
+    r = in_executors["cluster"]
+    st = r["status"]
+    assert r["address"].rsplit(":", 1)[0] == cluster.driver_host
+    assert {h["address"] for h in st["hosts"]} == _workers(cluster), st["hosts"]
+    assert all(re.fullmatch(r"[\d.]+/executor-\d+", h["id"]) for h in st["hosts"]), st["hosts"]
+    assert all(h["alive"] and len(h["primaries"]) == 1 for h in st["hosts"]), st["hosts"]
+    assert {p["host"].split("/")[0] for p in st["partitions"]} == _workers(cluster)
+    assert set(cluster.task_hosts(r["app"])) == _workers(cluster)
+    kinds = sorted(p["kind"] for p in r["processes"])
+    assert kinds == ["coordinator", "shard", "shard", "supervisor", "supervisor"], r["processes"]
+    assert r["alive_after_stop"] == [], r["processes"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
+def test_executors_mode_fit_matches_a_local_run(in_executors):
+    """Same rows, 2 data partitions and 2 PS partitions either way, same L-BFGS: only the
+    order in which partial sums meet differs (~1e-16 relative per sum), which after 30
+    iterations moves coefficients by far less than 1e-6. The exact AUC counts ordered
+    pairs (~1e6 here): 1e-6 is one swapped pair of nearly tied scores."""
+    import numpy as np
+
+    c, lo = in_executors["cluster"], in_executors["local"]
+    assert lo["status"]["hosts"] == []  # local[2]: the plugin's single-host PS, no executors
+    np.testing.assert_allclose(c["coefficients"], lo["coefficients"], rtol=1e-6, atol=1e-9)
+    assert abs(c["intercept"] - lo["intercept"]) < 1e-6
+    assert abs(c["auc"] - lo["auc"]) <= 1e-6, (c["auc"], lo["auc"])

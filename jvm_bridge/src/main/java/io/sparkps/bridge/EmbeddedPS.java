@@ -14,8 +14,9 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * A PS service ({@code python -m ps_server}) started by the driver plugin and stopped with
- * the application.
+ * A PS service ({@code python -m ps_server}, or its {@code coordinator} alone with
+ * {@code spark.ps.mode=executors}) started by the driver plugin and stopped with the
+ * application.
  *
  * <p>The service asks Linux to stop it when the thread that started it exits
  * (PR_SET_PDEATHSIG), so it is started from a thread of its own that lives exactly as long
@@ -23,24 +24,44 @@ import org.slf4j.LoggerFactory;
  */
 final class EmbeddedPS {
     static final String READY_PREFIX = "SPARK_PS_READY ";
+    /** What {@code ps_server coordinator} prints once it accepts hosts. */
+    static final String LISTENING_PREFIX = "SPARK_PS_LISTENING ";
     private static final Logger LOG = LoggerFactory.getLogger(EmbeddedPS.class);
 
     private final String token;
+    private final String readyPrefix;
     private final CompletableFuture<String> address = new CompletableFuture<>();
     private volatile Process process;
 
-    private EmbeddedPS(String token) {
+    private EmbeddedPS(String token, String readyPrefix) {
         this.token = token;
+        this.readyPrefix = readyPrefix;
     }
 
     /** Starts {@code python -m ps_server} (plus {@code extraArgs}, e.g. --replicas 2) and
      *  waits for its address. */
     static EmbeddedPS start(String python, String host, int shards, String token,
             double timeoutSeconds, List<String> extraArgs) throws Exception {
-        EmbeddedPS ps = new EmbeddedPS(token);
         List<String> cmd = new ArrayList<>(List.of(python, "-m", "ps_server", "--host", host,
             "--port", "0", "--shards", Integer.toString(shards), "--log-level", "WARNING"));
         cmd.addAll(extraArgs);
+        return launch(cmd, token, READY_PREFIX, timeoutSeconds);
+    }
+
+    /** Starts {@code python -m ps_server coordinator} (plus {@code extraArgs}) and waits
+     *  until it accepts hosts, not until they joined: the executors that will run its
+     *  shards are requested only after the driver plugins started. */
+    static EmbeddedPS startCoordinator(String python, String host, String token,
+            double timeoutSeconds, List<String> extraArgs) throws Exception {
+        List<String> cmd = new ArrayList<>(List.of(python, "-m", "ps_server", "coordinator",
+            "--host", host, "--port", "0", "--log-level", "WARNING"));
+        cmd.addAll(extraArgs);
+        return launch(cmd, token, LISTENING_PREFIX, timeoutSeconds);
+    }
+
+    private static EmbeddedPS launch(List<String> cmd, String token, String prefix,
+            double timeoutSeconds) throws Exception {
+        EmbeddedPS ps = new EmbeddedPS(token, prefix);
         Thread keeper = new Thread(() -> ps.run(cmd), "spark-ps-embedded");
         keeper.setDaemon(true);
         keeper.start();
@@ -64,8 +85,8 @@ final class EmbeddedPS {
                     new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8))) {
                 String line;
                 while ((line = out.readLine()) != null) {
-                    if (line.startsWith(READY_PREFIX) && !address.isDone()) {
-                        address.complete(line.substring(READY_PREFIX.length()).trim());
+                    if (line.startsWith(readyPrefix) && !address.isDone()) {
+                        address.complete(line.substring(readyPrefix.length()).trim());
                     }
                 }
             }
