@@ -87,3 +87,25 @@ def test_a_stale_shard_address_is_re_read_until_the_restarted_shard_answers():
         maps = iter([[f"127.0.0.1:{_closed_port()}"], [f"127.0.0.1:{s.getsockname()[1]}"]])
         stale = next(maps)
         check_reachable(stale, timeout=5.0, refresh=lambda: next(maps))
+
+
+def test_a_failed_worker_job_is_relaunched_unless_the_executor_alone_cannot_reach_the_ps(ps):
+    """An executor's PSUnreachable stops the relaunches only when the address it named is
+    still in the shard map and the driver reaches it (a network or setting problem). An
+    address the map no longer holds is a shard that moved (its host was lost with its
+    executor): the relaunched tasks read the new map."""
+    from spark_ps.client.reach import unreachable_message
+    from spark_ps.ml._job import PSJob
+
+    job = object.__new__(PSJob)  # only its decision: the real embedded PS answers
+    job.ps = ps
+
+    def failure(address: str) -> Exception:
+        line = unreachable_message(address, ConnectionRefusedError("refused"), 10)
+        return RuntimeError(f"Could not recover from a failed barrier ResultStage.\n{line}")
+
+    current = ps.client.addresses[1]
+    assert job._unreachable(failure(current)) is True  # the driver reaches it: no relaunch
+    moved = f"127.0.0.1:{_closed_port()}"
+    assert job._unreachable(failure(moved)) is False  # not in the map any more: relaunch
+    assert job._unreachable(RuntimeError("ExecutorLostFailure")) is False

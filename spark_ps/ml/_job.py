@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -489,10 +490,21 @@ class PSJob:
     def _unreachable(self, error: BaseException) -> bool:
         """Did the job fail because an executor cannot reach a PS that the driver reaches?
         Then relaunching cannot help. If the driver cannot reach it either, the PS is down
-        (a coordinator or shard restarting), and the job is relaunched as for any failure."""
-        if unreachable_in(str(error)) is None:
+        (a coordinator or shard restarting), and if the address is no longer in the shard
+        map, that shard moved (its host was lost, e.g. with its executor): either way the
+        job is relaunched as for any failure."""
+        line = unreachable_in(str(error))
+        if line is None:
             return False
-        return reaches([self.ps.address, *self.ps.client.addresses])
+        try:
+            self.ps.client.refresh()
+        except Exception:  # noqa: BLE001 - the coordinator is down: relaunch, as above
+            return False
+        current = [self.ps.address, *self.ps.client.addresses]
+        named = re.search(r" at (\S+) from host ", line)
+        if named is not None and named.group(1) not in current:
+            return False
+        return reaches(current)
 
     def _failed(self) -> Exception:
         """The error to raise for the worker job's failure: an executor that could not
