@@ -26,7 +26,9 @@ _ENV_IN_CODE = re.compile(r"\"(SPARK_PS_[A-Z0-9_]+)\"")
 
 
 def _sources(*packages: str) -> list[Path]:
-    return [p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py")) if "_pb2" not in p.name]
+    return [
+        p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py")) if "_pb2" not in p.name
+    ]
 
 
 def context_keys() -> list[tuple[str, str]]:
@@ -34,17 +36,14 @@ def context_keys() -> list[tuple[str, str]]:
     import spark_ps.context as context
 
     rows: list[tuple[str, str]] = []
-    in_table = False
     for line in (context.__doc__ or "").splitlines():
-        if line.startswith("====="):
-            in_table = not in_table if rows or not in_table else False
-            continue
         m = re.match(r"``spark\.ps\.([\w.]+)``\s+(.*)", line)
         if m:
-            in_table = True
             rows.append((m.group(1), m.group(2).strip()))
-        elif in_table and rows and line.startswith(" ") and line.strip():
-            key, text = rows[-1]
+        elif rows and line.startswith("====="):
+            break  # the table's closing rule
+        elif rows and line.startswith(" ") and line.strip():
+            key, text = rows[-1]  # a continuation line of the meaning column
             rows[-1] = (key, f"{text} {line.strip()}")
     return rows
 
@@ -121,16 +120,27 @@ class ConfigKeys(_TableDirective):
         listed = {key for key, _ in rows}
         where = self.get_location()
         for key in sorted(keys_read_by_code() - listed):
-            log.warning("spark.ps.%s is read by the code but not listed in spark_ps.context's "
-                        "docstring table", key, location=where)
+            log.warning(
+                "spark.ps.%s is read by the code but not listed in spark_ps.context's "
+                "docstring table",
+                key,
+                location=where,
+            )
         for key, default in _DEFAULTS.items():
             text = dict(rows).get(key)
             if text is None:
-                log.warning("spark.ps.%s has a default in _DEFAULTS but is not in the table",
-                            key, location=where)
+                log.warning(
+                    "spark.ps.%s has a default in _DEFAULTS but is not in the table",
+                    key,
+                    location=where,
+                )
             elif default and key != "numShards" and f"default {default}" not in text:
-                log.warning("spark.ps.%s: the table does not state the code's default %r",
-                            key, default, location=where)
+                log.warning(
+                    "spark.ps.%s: the table does not state the code's default %r",
+                    key,
+                    default,
+                    location=where,
+                )
         table = [[f"``spark.ps.{key}``", text] for key, text in rows]
         return self._render(_list_table(["key", "meaning"], table, "30 70"))
 
@@ -140,8 +150,11 @@ class EnvVars(_TableDirective):
         rows = readme_env_rows()
         listed = {r[0].strip("`") for r in rows} | env_in_readme_key_table()
         for name in sorted(env_read_by_code() - listed - _INTERNAL_ENV):
-            log.warning("%s is read by the code but not in the README's table of environment "
-                        "variables", name, location=self.get_location())
+            log.warning(
+                "%s is read by the code but not in the README's table of environment variables",
+                name,
+                location=self.get_location(),
+            )
         table = [[_md_to_rst(c) for c in row] for row in rows]
         return self._render(
             _list_table(["variable", "read by", "what it does", "default"], table, "22 14 50 14")
