@@ -41,8 +41,13 @@ autodoc_default_options = {"members": True}
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 
-# The user guide's examples start their own Spark and PS in testsetup blocks.
-doctest_test_doctest_blocks = ""
+# The user guide's examples start their own Spark and PS in testsetup blocks; the
+# docstrings' examples (the API reference) run too, with the public names imported.
+doctest_global_setup = """
+from spark_ps.ml.classification import *  # noqa: F403
+from spark_ps.ml.online import *  # noqa: F403
+from spark_ps.ml.regression import *  # noqa: F403
+"""
 
 # Cross-references that have no target in these docs (-n makes any other an error):
 # pyspark's own classes (the build uses no network, so no intersphinx), spark_ps's internal
