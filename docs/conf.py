@@ -28,6 +28,7 @@ extensions = [
     "numpydoc",
     "myst_parser",
     "psconfig",
+    "psparams",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]

@@ -48,3 +48,23 @@ def test_the_configuration_page_lists_every_environment_variable_the_code_reads(
     assert "SPARK_PS_RETRY_HORIZON" in read
     missing = read - listed - psconfig.env_in_readme_key_table()
     assert not missing, f"read by the code, not in the README's table: {sorted(missing)}"
+
+
+def test_the_params_page_tells_mllibs_params_from_spark_ps_additions():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import psparams
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    rows = {
+        name: (default, in_mllib)
+        for name, default, _, in_mllib in psparams.param_rows(
+            "spark_ps.ml.classification.LogisticRegression",
+            "pyspark.ml.classification.LogisticRegression",
+        )
+    }
+    assert rows["maxIter"] == ("100", True) and rows["regParam"] == ("0.0", True)
+    assert rows["numWorkers"][1] is False and rows["batchSize"][1] is False
+    assert sum(in_mllib for _, in_mllib in rows.values()) >= 20
