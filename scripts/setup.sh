@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test,bench]'
+.venv/bin/python -m pip install -q -e '.[test,bench,docs]'
 # local-cluster executors write work dirs under SPARK_HOME: give Spark a home of its own
 PYSPARK_DIR=$(.venv/bin/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')
 mkdir -p .spark_home

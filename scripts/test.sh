@@ -8,6 +8,8 @@ bash scripts/setup.sh
 export SPARK_HOME="$PWD/.spark_home" PYSPARK_PYTHON="$PWD/.venv/bin/python"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The docs: the HTML site with warnings as errors, and the user guide's examples as doctests.
+bash scripts/docs.sh
 .venv/bin/python -m pytest -q -m "not slow" --durations=15 "$@"
 # The compiled kernels built for a baseline x86-64 CPU (no AVX/FMA): results that GBT
 # promises to be deterministic must not depend on the features of the CPU that runs them.

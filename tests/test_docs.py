@@ -41,3 +41,56 @@ def test_every_promise_in_a_docstring_is_listed_with_its_tests():
         if _PROMISES.search(path.read_text())
     }
     assert promising <= listed, f"promises with no test listed: {sorted(promising - listed)}"
+
+
+def _psconfig():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import psconfig
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    return psconfig
+
+
+def test_the_configuration_page_lists_every_key_the_code_reads():
+    from spark_ps.context import _DEFAULTS
+
+    psconfig = _psconfig()
+    listed = dict(psconfig.context_keys())
+    read = psconfig.keys_read_by_code()
+    assert {"address", "token", "numShards", "checkpointDir", "tls.ca"} <= read
+    assert read <= set(listed), f"not on the page: {sorted(read - set(listed))}"
+    assert set(_DEFAULTS) <= set(listed)
+    assert "default 120" in listed["rpcTimeout"] and _DEFAULTS["rpcTimeout"] == "120"
+
+
+def test_the_configuration_page_lists_every_environment_variable_the_code_reads():
+    psconfig = _psconfig()
+    listed = {row[0].strip("`") for row in psconfig.readme_env_rows()}
+    assert len(listed) >= 8 and all(len(row) == 4 for row in psconfig.readme_env_rows())
+    read = psconfig.env_read_by_code() - psconfig._INTERNAL_ENV
+    assert "SPARK_PS_RETRY_HORIZON" in read
+    missing = read - listed - psconfig.env_in_readme_key_table()
+    assert not missing, f"read by the code, not in the README's table: {sorted(missing)}"
+
+
+def test_the_params_page_tells_mllibs_params_from_spark_ps_additions():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import psparams
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    rows = {
+        name: (default, in_mllib)
+        for name, default, _, in_mllib in psparams.param_rows(
+            "spark_ps.ml.classification.LogisticRegression",
+            "pyspark.ml.classification.LogisticRegression",
+        )
+    }
+    assert rows["maxIter"] == ("100", True) and rows["regParam"] == ("0.0", True)
+    assert rows["numWorkers"][1] is False and rows["batchSize"][1] is False
+    assert sum(in_mllib for _, in_mllib in rows.values()) >= 20
