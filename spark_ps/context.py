@@ -37,6 +37,10 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
                            bridge plugin (``io.sparkps.bridge.PSPlugin``), which also
                            reads ``spark.ps.numHosts``, ``executorShards``, ``joinWait``;
                            this waits for their shards (default ``embedded``)
+``spark.ps.numHosts``      executors mode: executors the coordinator waits for before
+                           it places partitions (default: N of ``local-cluster[N,..]``,
+                           ``spark.executor.instances``, or ``spark.cores.max`` over
+                           ``spark.executor.cores``; else those joining within joinWait)
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
