@@ -148,6 +148,9 @@ class HostService(Service):
             for i in range(n):
                 self._adopt(i)
             table.slots = self._slots()
+            # the journaled hosts were placed over (or planned for) already: their rejoin
+            # after this restart is no scale-out (ps_server.migrate)
+            table.planned_for = set(table.hosts)
             table.rejoining = {
                 h: {x.number for x in table.launches.values() if x.host == h}
                 for h, host in table.hosts.items()
