@@ -138,6 +138,28 @@ def test_bsp_ssp_and_asp_fits_keep_their_bounds_and_learn_alike(spark_ps, data):
         assert len(hist) == 3 and hist[-1] < hist[0]
 
 
+def test_bsp_fits_repeat_to_rounding_whatever_the_workers_speeds(spark_ps, data):
+    """BSP is lock-step: every worker reads step c's weights before any pushes its step-c
+    update (a second tick per mini-batch, after the pull), so each step sees exactly the
+    updates of the steps before it. Two fits then differ only by the order in which two
+    workers' pushes are added on the shards (rounding, ~1e-16 relative per step). Without
+    the pull tick a worker released at clock c could pull after a faster one pushed step
+    c+1, and two fits differed by ~0.01 in a coefficient; a worker ticking one clock
+    behind does the same."""
+    _, ps = spark_ps
+    first, log = _fit(ps, data, 0)
+    second, _ = _fit(ps, data, 0)
+    np.testing.assert_allclose(
+        second.coefficients.toArray(), first.coefficients.toArray(), rtol=1e-9, atol=1e-12
+    )
+    assert second.intercept == pytest.approx(first.intercept, rel=1e-9, abs=1e-12)
+    # per worker and epoch: odd clocks after its pulls, even ones after its pushes, in order
+    for group in {e.group for e in log}:
+        for worker in {e.worker for e in log if e.group == group}:
+            clocks = [e.clock for e in log if e.group == group and e.worker == worker]
+            assert clocks == list(range(len(clocks))), clocks[:8]  # 0 (the join), 1, 2, ...
+
+
 def test_bsp_needs_every_worker_running_at_once(spark_ps, data):
     """More workers than task slots: refused before any work reaches the PS."""
     _, ps = spark_ps

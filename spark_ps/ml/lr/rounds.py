@@ -41,7 +41,11 @@ def _executor_id() -> str:
 
 
 class _Clock:
-    """This worker's SSP clock for one epoch: one tick per mini-batch pushed.
+    """This worker's SSP clock for one epoch: one tick per mini-batch pushed, and with
+    BSP (staleness 0) one more as it has pulled, so that every worker reads step c's
+    weights before any pushes its step-c update: each step then sees exactly the
+    previous steps' updates, whatever the workers' speeds (a worker released at clock c
+    could otherwise pull after a faster one already pushed step c+1).
 
     The group is per (fit, epoch, launch of the barrier job), so a relaunch starts a
     fresh table; the worker id carries the executor id when known, so a lost executor's
@@ -101,12 +105,15 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
     """The mini-batches of one epoch: (loss sum, weight sum)."""
     fit_intercept, l2 = cmd["fit_intercept"], cmd["l2"]
     loss_sum = weight_sum = 0.0
+    bsp = clock is not None and clock.staleness == 0
     batches = iter_minibatches(clocal, cmd["batch_size"], shuffle=True, seed=seed)
     for c, mb in enumerate(batches, start=1):
         keys, loc = mb.localize()
         gk = cids[keys]
         pull_keys = np.append(gk, last) if fit_intercept else gk
         w = model.pull(pull_keys)
+        if bsp:  # every worker has read step c before any step-c update lands
+            clock.tick(2 * c - 1)
         coef, b = (w[:-1], w[-1]) if fit_intercept else (w, 0.0)
         loss, grad, grad_b, ws = loss_and_grad(loc, coef, b, np.ones(coef.size), fit_intercept)
         if ws > 0:
@@ -115,7 +122,7 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
             model.push(pull_keys, step)
             loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
         if clock is not None:
-            clock.tick(c)
+            clock.tick(2 * c if bsp else c)
     return loss_sum, weight_sum
 
 
