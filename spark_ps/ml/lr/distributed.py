@@ -365,27 +365,15 @@ def _solve(
 ) -> TrainResult:
     """Run the solver from `built`'s start point, or from `resume` (a rollback's state),
     then read the coefficients back."""
-    t_start, fit_intercept = phases.start, bool(params["fitIntercept"])
+    fit_intercept = bool(params["fitIntercept"])
     ks, space, fit, vecs = built["ks"], built["space"], built["fit"], built["vecs"]
     k = ks.size
     x = built["x"]
     if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
         x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
 
-    evaluate = fit.objective(vecs)
-
-    def timed_evaluate(x, g) -> float:
-        value = evaluate(x, g)
-        if not stamps:  # the initial point: objectiveHistory[0]
-            stamps.append(time.perf_counter() - t_start)
-            phases.mark("first objective")
-        return value
-
     bar = Progress("spark-ps LogisticRegression", int(params["maxIter"]))
-
-    def progress(info) -> None:
-        stamps.append(time.perf_counter() - t_start)
-        bar.update(info.iteration, loss=info.value)
+    timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
     if built.get("box") is not None:  # after a restart: the fit starts over from set-up
         del stamps[:]
@@ -424,6 +412,24 @@ def _solve(
     phases.mark("coefficients")
     result.phases = {**phases.seconds, **{k: round(v, 4) for k, v in fit.spent.items()}}
     return result
+
+
+def _timed(evaluate, stamps: list, phases: _Phases, bar: Progress):
+    """The solver's `evaluate` and iteration callback, stamping each iteration's time
+    (the initial point's evaluation first: objectiveHistory[0]) and moving `bar`."""
+
+    def timed_evaluate(x, g) -> float:
+        value = evaluate(x, g)
+        if not stamps:  # the initial point: objectiveHistory[0]
+            stamps.append(time.perf_counter() - phases.start)
+            phases.mark("first objective")
+        return value
+
+    def progress(info) -> None:
+        stamps.append(time.perf_counter() - phases.start)
+        bar.update(info.iteration, loss=info.value)
+
+    return timed_evaluate, progress
 
 
 def _resume_hooks(recovery: FitRecovery, space: PSVecSpace, stamps: list, resume) -> dict:

@@ -23,7 +23,14 @@ from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
-from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _Phases, _release, _resume_hooks
+from spark_ps.ml.lr.distributed import (
+    _key_space,
+    _KeySpace,
+    _Phases,
+    _release,
+    _resume_hooks,
+    _timed,
+)
 from spark_ps.ml.lr.estimator import TrainResult
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
 from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
@@ -218,18 +225,8 @@ def _solve(
     K, fit_intercept, x = fit.K, fit.fit_intercept, built["x"]
     if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
         x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
-    evaluate = fit.objective(vecs)
     bar = Progress("spark-ps LogisticRegression (multinomial)", int(params["maxIter"]))
-
-    def timed_evaluate(x, g) -> float:
-        value = evaluate(x, g)
-        if not stamps:  # the initial point: objectiveHistory[0]
-            stamps.append(time.perf_counter() - phases.start)
-        return value
-
-    def progress(info) -> None:
-        stamps.append(time.perf_counter() - phases.start)
-        bar.update(info.iteration, loss=info.value)
+    timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
     res = minimize_lbfgs(
         space,
