@@ -25,7 +25,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.checkpointKeep`` sealed checkpoint versions kept (default 2; 0 keeps all)
 ``spark.ps.replicas``      embedded processes per shard: 2 adds a synchronous backup
                            that takes over when its primary dies (default 1)
-``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60)
+``spark.ps.startTimeout``  seconds to wait for an embedded PS (default 60), or in
+                           executors mode for every partition to register (default 180)
 ``spark.ps.rpcTimeout``    seconds per PS call (default 120)
 ``spark.ps.maxMessageMB``  requests above this are chunked (default 4)
 ``spark.ps.maxRequestMB``  embedded shards refuse larger requests (default 256)
@@ -33,14 +34,17 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.tls.cert``      PEM certificate: the embedded PS serves TLS (with tls.key)
 ``spark.ps.tls.key``       PEM private key of tls.cert
 ``spark.ps.tls.ca``        PEM CA clients trust (default: tls.cert, i.e. self-signed)
-``spark.ps.mode``          ``executors``: shards beside the executors, started by the
-                           bridge plugin (``io.sparkps.bridge.PSPlugin``), which also
-                           reads ``spark.ps.numHosts``, ``executorShards``, ``joinWait``;
-                           this waits for their shards (default ``embedded``)
+``spark.ps.mode``          ``executors``: shards beside the executors and the
+                           coordinator beside the driver, started by the bridge plugin
+                           (``io.sparkps.bridge.PSPlugin``, which also reads
+                           its keys ``executorShards`` and ``joinWait``);
+                           ``getOrCreate`` then waits until every partition registered
+                           (default ``embedded``: the PS in this process's children)
 ``spark.ps.numHosts``      executors mode: executors the coordinator waits for before
                            it places partitions (default: N of ``local-cluster[N,..]``,
                            ``spark.executor.instances``, or ``spark.cores.max`` over
-                           ``spark.executor.cores``; else those joining within joinWait)
+                           ``spark.executor.cores``; else those joining within the
+                           plugin's ``joinWait``)
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
