@@ -94,3 +94,30 @@ def test_the_params_page_tells_mllibs_params_from_spark_ps_additions():
     assert rows["maxIter"] == ("100", True) and rows["regParam"] == ("0.0", True)
     assert rows["numWorkers"][1] is False and rows["batchSize"][1] is False
     assert sum(in_mllib for _, in_mllib in rows.values()) >= 20
+
+
+def test_the_configuration_page_lists_every_key_the_bridge_plugin_reads():
+    psconfig = _psconfig()
+    page = (ROOT / "docs" / "guide" / "configuration.rst").read_text()
+    block = page.split(".. ps-plugin-keys::", 1)[1].split("\n\n\n", 1)[0]
+    listed = set(psconfig._KEY_IN_CODE.findall(block)) | dict(psconfig.context_keys()).keys()
+    read = psconfig.keys_read_by_plugin()
+    assert {"mode", "numHosts", "executorShards", "joinWait"} <= read
+    assert read <= listed, f"read by the plugin, not on the page: {sorted(read - listed)}"
+
+
+def test_every_file_the_user_guide_names_exists():
+    """A guide page that cites a test, bench script, manifest or module as the proof or the
+    place of a claim names one that is there."""
+    named = set()
+    for page in (ROOT / "docs" / "guide").glob("*.rst"):
+        named.update(
+            re.findall(
+                r"``((?:tests|bench|deploy|ps_server|spark_ps|examples|scripts)/[\w/.-]*[\w/])``",
+                page.read_text(),
+            )
+        )
+    assert {"tests/test_executor_mode.py", "bench/scale.py", "deploy/kubernetes/"} <= named
+    built = "spark_ps/jars/"  # the bridge jar: made by scripts/setup.sh, not committed
+    missing = sorted(p for p in named if not p.startswith(built) and not (ROOT / p).exists())
+    assert not missing, f"named by the user guide, not in the repository: {missing}"

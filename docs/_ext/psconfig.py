@@ -3,7 +3,9 @@
 ``.. ps-config-keys::`` renders the ``spark.ps.*`` table of ``spark_ps.context``'s module
 docstring (the list `PSContext` documents), and warns (an error under ``-W``) when a key the
 package reads is missing from it or a default in ``spark_ps.context._DEFAULTS`` is not the
-one the table states. ``.. ps-env-vars::`` renders the README's table of ``SPARK_PS_*``
+one the table states. ``.. ps-plugin-keys::`` renders its content (the keys only the JVM
+bridge's plugin reads) and warns when a ``spark.ps.*`` key the plugin's Java reads is in
+neither table. ``.. ps-env-vars::`` renders the README's table of ``SPARK_PS_*``
 environment variables and warns when a variable the code reads is missing from it.
 """
 
@@ -56,6 +58,14 @@ def keys_read_by_code() -> set[str]:
         keys.update(_CONF_CALL.findall(text))
         keys.update(_KEY_IN_CODE.findall(text))
     return keys
+
+
+def keys_read_by_plugin() -> set[str]:
+    """Every ``spark.ps.*`` key the JVM bridge's Java sources name."""
+    keys: set[str] = set()
+    for path in sorted((ROOT / "jvm_bridge").rglob("*.java")):
+        keys.update(_KEY_IN_CODE.findall(path.read_text()))
+    return keys - _PLUGIN_INTERNAL_KEYS
 
 
 def readme_env_rows() -> list[list[str]]:
@@ -145,6 +155,22 @@ class ConfigKeys(_TableDirective):
         return self._render(_list_table(["key", "meaning"], table, "30 70"))
 
 
+class PluginKeys(_TableDirective):
+    has_content = True
+
+    def run(self):
+        listed = {key for key, _ in context_keys()}
+        listed.update(_KEY_IN_CODE.findall("\n".join(self.content)))
+        for key in sorted(keys_read_by_plugin() - listed):
+            log.warning(
+                "spark.ps.%s is read by the bridge plugin (jvm_bridge/) but is neither in "
+                "spark_ps.context's table nor in this one",
+                key,
+                location=self.get_location(),
+            )
+        return self._render(list(self.content))
+
+
 class EnvVars(_TableDirective):
     def run(self):
         rows = readme_env_rows()
@@ -163,9 +189,12 @@ class EnvVars(_TableDirective):
 
 # set by spark-ps itself for its own processes, not by users (the README says so)
 _INTERNAL_ENV = {"SPARK_PS_TLS_CERT", "SPARK_PS_TLS_KEY", "SPARK_PS_TLS_CA"}
+# set by the plugin for its executor half and for Python workers, not by users
+_PLUGIN_INTERNAL_KEYS = {"executorId", "executors.python", "executors.shards"}
 
 
 def setup(app):
     app.add_directive("ps-config-keys", ConfigKeys)
+    app.add_directive("ps-plugin-keys", PluginKeys)
     app.add_directive("ps-env-vars", EnvVars)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
