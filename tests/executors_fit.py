@@ -8,7 +8,9 @@ for a PS this process started itself), the PS processes of this machine that bel
 the application (the coordinator under the driver JVM, shard supervisors and shards that
 name its address), and those of them still alive 30 s after ``spark.stop()``. With the
 argument ``kill-executor``, one executor JVM is SIGKILLed before the stop (see
-`kill_an_executor`).
+`kill_an_executor`). With ``kill-mid-fit WORKDIR`` (set ``spark.ps.checkpointDir``), the
+same fit runs twice: cleanly, then with a worker task SIGKILLing its executor's JVM in
+the middle (see `fit_with_a_killed_executor`).
 """
 
 from __future__ import annotations
@@ -99,6 +101,42 @@ def kill_an_executor(spark, ps, procs: list[dict]) -> dict:
     return out
 
 
+def fit_with_a_killed_executor(spark, ps, df, lr, workdir: str) -> dict:
+    """Fit `lr` on `df` cleanly, then again while partition 0's task SIGKILLs its executor
+    JVM in the 8th gradient round (after the checkpoint at iteration 6, with
+    checkpointInterval=3); both models, the PS counters the second fit moved, and the
+    shard map before and after."""
+    from pathlib import Path
+
+    from ps_server.status import status
+    from spark_ps.ml import _job
+
+    clean = lr.fit(df)
+    before, counters = status(ps.address, ps.token), ps.metrics()
+    marker = Path(workdir) / "killed"
+    _job.inject_failure_once("grad", nth=7, part=0, marker=str(marker), kill_executor=True)
+    t0 = time.monotonic()
+    killed = lr.fit(df)
+    seconds = time.monotonic() - t0
+    _job.clear_failures()
+    after = status(ps.address, ps.token)
+    return {
+        "models": [
+            {
+                "coefficients": m.coefficients.toArray().tolist(),
+                "intercept": m.intercept,
+                "objective": list(m.summary.objectiveHistory),
+            }
+            for m in (clean, killed)
+        ],
+        "jvm": int(marker.read_text()),
+        "counters": {k: v - counters.get(k, 0) for k, v in ps.metrics().items()},
+        "before": before,
+        "after": after,
+        "seconds": seconds,
+    }
+
+
 def main() -> None:
     from spark_ps import PSContext
     from spark_ps.ml.classification import LogisticRegression
@@ -110,6 +148,12 @@ def main() -> None:
     ps = PSContext.getOrCreate(spark)
     out: dict = {"app": spark.sparkContext.applicationId, "address": ps.address}
     out["ps_ready_seconds"] = time.monotonic() - t0
+    if sys.argv[1:2] == ["kill-mid-fit"]:
+        lr = LogisticRegression(maxIter=30, regParam=0.01, tol=1e-10, checkpointInterval=3)
+        out.update(fit_with_a_killed_executor(spark, ps, df, lr, sys.argv[2]))
+        spark.stop()
+        print("RESULT " + json.dumps(out), flush=True)
+        return
     model = LogisticRegression(maxIter=30, regParam=0.01, tol=1e-10).fit(df)
     out["fit_seconds"] = time.monotonic() - t0
     out["coefficients"] = model.coefficients.toArray().tolist()

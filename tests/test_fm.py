@@ -238,6 +238,31 @@ def test_bad_input_is_refused_by_name_and_leaves_the_ps_as_it_was(spark_ps):
     assert sorted(ps.client.models()) == before
 
 
+@pytest.mark.slow  # two fits, one of them relaunched
+def test_a_task_failing_once_mid_fit_gives_the_clean_model(spark_ps, tmp_path):
+    """Partition 1's task dies in the 5th gradient round, after its push: the driver
+    launches the worker job again (over this cached, shuffled input the plan is adaptive;
+    the relaunch is a new Dataset, not the failed one's replayed failure), the retry's
+    contribution replaces the first attempt's, and the model is the clean fit's, bit for
+    bit (the cached partitions are read in the same order)."""
+    from spark_ps.ml import _job
+
+    spark, _ = spark_ps
+    df = _data(spark, 400, seed=7, classify=True)
+    fm = FMClassifier(factorSize=K, maxIter=8, seed=2, numWorkers=2)
+    clean = fm.fit(df)
+    marker = tmp_path / "failed"
+    _job.inject_failure_once("grad", nth=4, part=1, marker=str(marker))
+    try:
+        retried = fm.fit(df)
+    finally:
+        _job.clear_failures()
+    assert marker.exists()  # the task really died after pushing its gradient once
+    np.testing.assert_array_equal(_factors(retried), _factors(clean))
+    np.testing.assert_array_equal(retried.linear.toArray(), clean.linear.toArray())
+    assert retried.intercept == clean.intercept
+
+
 def test_params_are_mllibs(spark_ps):
     for ours, theirs in ((FMClassifier(), mc.FMClassifier()), (FMRegressor(), mr.FMRegressor())):
         names = {p.name for p in theirs.params}

@@ -86,12 +86,18 @@ def _block(ctx, round_, cmd):
 
 
 @pytest.mark.slow
-def test_a_task_failing_in_every_launch_fails_the_fit_after_sparks_stage_limit(spark_ps, tmp_path):
+@pytest.mark.parametrize("shuffled", [False, True], ids=["plain", "shuffled-input"])
+def test_a_task_failing_in_every_launch_fails_the_fit_after_sparks_stage_limit(
+    spark_ps, tmp_path, shuffled
+):
     """A failed task ends the barrier job and the driver launches it again, as often as
     Spark would re-run a failed stage (spark.stage.maxConsecutiveAttempts, 4), then the
-    task's own error reaches the caller."""
+    task's own error reaches the caller. Each launch runs its tasks again, also over an
+    input with a shuffle (an adaptive plan: collecting the failed Dataset again would
+    only rethrow its failure)."""
     spark, ps = spark_ps
-    df = partitions_for(_data(spark)[0], 2)
+    df = _data(spark)[0]
+    df = partitions_for(df.repartition(2).cache() if shuffled else df, 2)
     with pytest.raises(RuntimeError, match="injected failure in every launch"):
         with PSJob(ps, df, 2, _setup, {"fail": _fail_always}, "test-fail") as job:
             job.call("fail", dir=str(tmp_path))

@@ -350,7 +350,8 @@ class PSJob:
         # One barrier result stage, relaunched by `_run` when it fails: Spark aborts a failed
         # barrier result stage where it re-runs a shuffle-map one, but the shuffle that made
         # it one cost every fit a second stage, ~0.1 s at the end (measured).
-        self._df = df.mapInArrow(fn, _DONE_SCHEMA, barrier=True)
+        self._source, self._fn = df, fn
+        self._df = self._worker_df()
         self._sc = df.sparkSession.sparkContext
         self._stopping = False
         self._cap_lock, self._uncapped = threading.Lock(), False
@@ -368,6 +369,8 @@ class PSJob:
         try:
             for launch in range(1, launches + 1):
                 try:
+                    if launch > 1:
+                        self._df = self._worker_df()
                     self.result = self._df.collect()
                     return
                 except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
@@ -389,6 +392,13 @@ class PSJob:
                     )
         finally:
             self._restore_cap()
+
+    def _worker_df(self):
+        """A new Dataset of the worker job for every launch: an adaptive plan (an input
+        with a shuffle, e.g. ``repartition(n).cache()``) keeps its query stages, so
+        collecting a Dataset whose stage failed throws that failure again without
+        starting a job."""
+        return self._source.mapInArrow(self._fn, _DONE_SCHEMA, barrier=True)
 
     def _restore_cap(self) -> None:
         """Put the session's Arrow byte cap back, once: as soon as the workers answer a
