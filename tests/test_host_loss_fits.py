@@ -1,6 +1,5 @@
-"""A whole host lost in the middle of a Spark LR fit, with replicas: the fit ends with the
-model of a fit that nothing disturbed. (A GBT fit does not yet: after the promotion its
-relaunched workers meet a shard without the tree's rendezvous state; see the README.)
+"""A whole host lost in the middle of a Spark fit (LR, GBT), with replicas: the fit ends
+with the model of a fit that nothing disturbed.
 
 Three hosts (network namespaces, `bench/netns.py`) run `spark-ps-server shards --join`
 with two shard slots each under a coordinator with ``--replicas 2`` in the root
@@ -25,7 +24,7 @@ from bench.netns import Hosts, service, unavailable
 from ps_server.status import status
 from spark_ps import PSContext
 from spark_ps.ml import _job
-from spark_ps.ml.classification import LogisticRegression
+from spark_ps.ml.classification import GBTClassifier, LogisticRegression
 
 _WHY = unavailable()
 pytestmark = [
@@ -80,7 +79,7 @@ def _kill_when(monkeypatch, hosts: Hosts, victim: int, op: str, nth: int) -> thr
     return done
 
 
-def test_an_lr_fit_loses_a_whole_host_mid_fit_and_ends_with_the_clean_model(
+def test_lr_and_gbt_fits_lose_a_whole_host_mid_fit_and_end_with_the_clean_model(
     spark, tmp_path, monkeypatch
 ):
     rng = np.random.default_rng(11)
@@ -99,7 +98,8 @@ def test_an_lr_fit_loses_a_whole_host_mid_fit_and_ends_with_the_clean_model(
             victim_id = st["partitions"][0]["host"]
             victim = next(i for i in range(3) if hosts.address(i) == victim_id)
             lr = LogisticRegression(maxIter=30, regParam=0.01, tol=0.0)
-            clean_lr = lr.fit(df)
+            gbt = GBTClassifier(maxIter=5, maxDepth=3, seed=3)
+            clean_lr, clean_gbt = lr.fit(df), gbt.fit(df)
 
             killed = _kill_when(monkeypatch, hosts, victim, "grad", 6)
             faulted_lr = lr.fit(df)
@@ -117,6 +117,23 @@ def test_an_lr_fit_loses_a_whole_host_mid_fit_and_ends_with_the_clean_model(
             alive = {h["id"] for h in after["hosts"] if h["alive"]}
             assert victim_id not in alive and len(alive) == 2
 
+            monkeypatch.undo()
+            _backed_up(svc.address)  # the lost backups seeded anew on the two hosts left
+            # GBT on two hosts now: kill the one with partition 0's primary after tree 2 is
+            # read; the workers' rendezvous fails over, the job is relaunched and regrows
+            # the current tree from the trees the driver holds
+            st = status(svc.address, TOKEN)
+            victim_id = st["partitions"][0]["host"]
+            victim = next(i for i in range(3) if hosts.address(i) == victim_id)
+            killed = _kill_when(monkeypatch, hosts, victim, "tree", 2)
+            faulted_gbt = gbt.fit(df)
+            assert killed.wait(60)
+            assert (
+                faulted_gbt.toDebugString.split("\n", 1)[1]
+                == (clean_gbt.toDebugString.split("\n", 1)[1])
+            )
+            np.testing.assert_array_equal(faulted_gbt.treeWeights, clean_gbt.treeWeights)
+            assert status(svc.address, TOKEN)["counters"]["restart"] == 0
         finally:
             ps.stop()  # an external service: only this process's connection closes
             PSContext._active = previous
