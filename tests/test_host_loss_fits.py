@@ -1,4 +1,4 @@
-"""A whole host lost in the middle of a Spark fit (LR, GBT), with replicas: the fit ends
+"""A whole host lost in the middle of a Spark fit (LR, GBT, online FTRL), with replicas: it ends
 with the model of a fit that nothing disturbed.
 
 Three hosts (network namespaces, `bench/netns.py`) run `spark-ps-server shards --join`
@@ -136,4 +136,71 @@ def test_lr_and_gbt_fits_lose_a_whole_host_mid_fit_and_end_with_the_clean_model(
             assert status(svc.address, TOKEN)["counters"]["restart"] == 0
         finally:
             ps.stop()  # an external service: only this process's connection closes
+            PSContext._active = previous
+
+
+def test_an_online_ftrl_stream_loses_a_whole_host_between_batches_and_ends_where_a_clean_one_does(
+    spark, tmp_path, monkeypatch
+):
+    """Online FTRL on the same service: the host of partition 0's primary is SIGKILLed
+    after micro-batch 1 was learned and before its commit. Its backups are promoted with
+    the batch's pending contributions (a seed and every forward carry them), so the commit
+    goes on and the model's state ends bit for bit where a clean stream's does."""
+    from online_data import write_stream_files
+
+    from spark_ps.ml.online import OnlineLogisticRegression
+    from spark_ps.ml.online import learner as online_learner
+
+    src = tmp_path / "src"
+    write_stream_files(src, 3, 1000, 40)
+    schema = spark.read.parquet(str(src)).schema
+
+    def run(learner, ckpt):
+        stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+        q = learner.trainOn(stream, str(tmp_path / ckpt), trigger={"availableNow": True})
+        q.awaitTermination(240)
+        assert q.exception() is None
+
+    def state(learner):
+        keys, zn = learner._cfg.state.pull()
+        order = np.argsort(keys)
+        return np.asarray(keys)[order], np.asarray(zn).reshape(-1, 2)[order]
+
+    args = ["--replicas", "2", "--host-timeout", "4"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with Hosts(3) as hosts, service(hosts, logs, TOKEN, shards=2, coordinator_args=args) as svc:
+        previous, PSContext._active = PSContext._active, None
+        ps = PSContext.getOrCreate(spark, address=svc.address, token=TOKEN)
+        clean = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="hl-clean")
+        faulted = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="hl-faulted")
+        try:
+            st = _backed_up(svc.address)
+            victim_id = st["partitions"][0]["host"]
+            victim = next(i for i in range(3) if hosts.address(i) == victim_id)
+            run(clean, "ck-clean")
+            keys_a, zn_a = state(clean)
+            chaos, killed = online_learner._chaos, []
+
+            def kill_at(point: str, batch_id: int) -> None:
+                chaos(point, batch_id)
+                if (point, int(batch_id)) == ("before_commit", 1) and not killed:
+                    killed.append(hosts.kill_host(victim))
+
+            monkeypatch.setattr(online_learner, "_chaos", kill_at)
+            run(faulted, "ck-faulted")
+            assert killed and killed[0] >= 3  # its supervisor and its shard processes
+            assert faulted.appliedBatches().tolist() == [0, 1, 2]
+            keys_b, zn_b = state(faulted)
+            np.testing.assert_array_equal(keys_a, keys_b)
+            np.testing.assert_array_equal(zn_a, zn_b)
+            after = status(svc.address, TOKEN)
+            assert after["counters"]["promotion"] >= 1 and after["counters"]["restart"] == 0
+        finally:
+            for learner in (clean, faulted):
+                try:
+                    learner.drop()
+                except Exception:  # noqa: BLE001 - the service may be gone; it stops anyway
+                    pass
+            ps.stop()
             PSContext._active = previous
