@@ -213,3 +213,32 @@ def test_page_draws_a_fits_loss_curve(spark):
     finally:
         PSContext._active = previous
         own.stop()
+
+
+def test_a_bad_ui_port_is_refused_naming_the_key():
+    from spark_ps import PSContext
+
+    with pytest.raises(ValueError, match=r"spark.ps.uiPort must be a port number.*'http'"):
+        PSContext.start(numShards=1, uiPort="http")
+
+
+def test_the_fit_board_stays_bounded_and_keeps_running_fits():
+    from ps_server.fits import FitBoard
+    from ps_server.proto import ps_pb2 as pb
+
+    board = FitBoard(max_fits=3, max_points=10)
+    board.report(pb.FitProgress(fit="running", name="LR", total=100))
+    for i in range(100):
+        board.report(pb.FitProgress(fit="running", done=i + 1, total=100, metrics={"loss": i}))
+    for k in range(4):
+        board.report(pb.FitProgress(fit=f"done{k}", name="GBT", done=1, metrics={"loss": 1.0}))
+        board.report(pb.FitProgress(fit=f"done{k}", done=1, finished=True))
+    fits = {f["fit"]: f for f in board.snapshot()}
+    assert set(fits) == {"running", "done2", "done3"}  # the oldest finished ones went
+    points = fits["running"]["points"]
+    assert len(points) <= 10 and points[0]["done"] == 1 and points[-1]["done"] == 100
+    assert [p["done"] for p in points] == sorted(p["done"] for p in points)
+    assert fits["running"]["done"] == 100 and not fits["running"]["finished"]
+    assert fits["done3"]["finished"] and fits["done3"]["points"] == [
+        {"done": 1, "seconds": fits["done3"]["points"][0]["seconds"], "loss": 1.0}
+    ]
