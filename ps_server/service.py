@@ -387,7 +387,7 @@ class Service:
         from ps_server.ui import StatusPage
 
         self.ui = StatusPage(self, self.host, port)
-        log.warning("spark-ps status page: %s (also /status.json, /metrics)", self.ui.url)
+        log.info("spark-ps status page: %s (also /status.json, /metrics)", self.ui.url)
         print(f"{UI_PREFIX}{self.ui.url}", flush=True)
         return self.ui.url
 

@@ -9,6 +9,7 @@ Three pages, served by a thread of the coordinator process and bound to its addr
                   requests, per model its updates, the request rates and the fits' points
 ``/metrics``      the same figures in Prometheus' text format (``prometheus_client``)
 
+With TLS (``--tls-cert``) the pages are served over HTTPS with the same certificate.
 When the service has a token, every page asks for it, as ``Authorization: Bearer TOKEN``
 or ``?token=TOKEN`` (401 otherwise), like the gRPC calls. The figures are gathered from
 the coordinator and each primary shard at most once a second, whatever the number of
@@ -20,6 +21,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
+import ssl
 import threading
 import time
 import urllib.parse
@@ -130,7 +133,16 @@ class StatusPage:
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self.url = f"http://{_url_host(host)}:{self.port}/"
+        scheme = "http"
+        if tls.configured():  # the RPCs' certificate: the token never crosses in clear
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(os.environ[tls.ENV_CERT], os.environ[tls.ENV_KEY])
+            # the handshake happens in the request's thread, not in the accepting one
+            self.httpd.socket = ctx.wrap_socket(
+                self.httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+            scheme = "https"
+        self.url = f"{scheme}://{_url_host(host)}:{self.port}/"
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="ps status page", daemon=True
         )
@@ -190,6 +202,7 @@ def _url_host(host: str) -> str:
 class _Handler(BaseHTTPRequestHandler):
     ui: StatusPage
     server_version = "spark-ps"
+    timeout = 30  # seconds a silent connection may hold its thread
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         log.debug("%s " + format, self.address_string(), *args)
