@@ -242,3 +242,57 @@ def test_the_fit_board_stays_bounded_and_keeps_running_fits():
     assert fits["done3"]["finished"] and fits["done3"]["points"] == [
         {"done": 1, "seconds": fits["done3"]["points"][0]["seconds"], "loss": 1.0}
     ]
+
+
+@pytest.mark.timeout(120)
+def test_across_hosts_the_page_lists_the_hosts():
+    """`spark-ps-server coordinator --ui-port 0` and one `shards --join` host, on loopback."""
+    env = dict(os.environ, SPARK_PS_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+    coord = subprocess.Popen(
+        [sys.executable, "-m", "ps_server", "coordinator", "--partitions", "2", "--ui-port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    host = None
+    try:
+        address = coord.stdout.readline().split()[-1]  # LISTENING_PREFIX address
+        join = ["shards", "--join", address, "--host", "127.0.0.1", "--host-id", "loop-host"]
+        host = subprocess.Popen(
+            [sys.executable, "-m", "ps_server", *join, "--shards", "2"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        ui = None
+        for line in coord.stdout:
+            if line.startswith(UI_PREFIX):
+                ui = line[len(UI_PREFIX) :].strip()
+            if line.startswith(READY_PREFIX):
+                break
+        assert ui, f"no status page line (coordinator code {coord.poll()})"
+        deadline = time.monotonic() + 60
+        while True:  # ready = placed; the primaries register a moment later
+            snap = json.loads(_get(ui + "status.json", TOKEN)[1])
+            if all(p["address"] for p in snap["partitions"]) or time.monotonic() > deadline:
+                break
+            time.sleep(1.1)
+        (h,) = snap["hosts"]
+        assert h["id"] == "loop-host" and h["alive"] and h["primaries"] == [0, 1]
+        assert [p["host"] for p in snap["partitions"]] == ["loop-host", "loop-host"]
+        time.sleep(1.1)
+        m = _metrics({"ui": ui})
+        assert m[("spark_ps_host_alive", (("host", "loop-host"),))] == 1
+        assert m[("spark_ps_partitions_serving", ())] == 2
+        html = _get(ui, TOKEN)[1].decode()
+        assert "<table id='hosts'>" in html and "loop-host" in html
+    finally:
+        coord.send_signal(signal.SIGTERM)
+        for p in (coord, host):
+            if p is None:
+                continue
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        coord.stdout.close()
