@@ -79,6 +79,7 @@ def single_host(argv: list[str]) -> None:
         "acknowledged and takes over when the primary dies (default 1: no replication)",
     )
     cli.add_common(p)
+    cli.add_ui_port(p)
     args = p.parse_args(argv)
     token = cli.apply_common(args)
     from ps_server.lifecycle import keep_freed_memory
@@ -94,6 +95,7 @@ def single_host(argv: list[str]) -> None:
         args.replicas,
         max_request_mb=args.max_request_mb,
         shard_memory_mb=args.shard_memory_mb,
+        ui_port=args.ui_port,
     )
 
 

@@ -12,7 +12,7 @@ import os
 
 from ps_server.wire import DEFAULT_MAX_REQUEST_MB
 
-__all__ = ["add_common", "apply_common", "TOKEN_ENV"]
+__all__ = ["add_common", "add_ui_port", "apply_common", "TOKEN_ENV"]
 
 TOKEN_ENV = "SPARK_PS_TOKEN"
 
@@ -31,6 +31,17 @@ def add_common(p: argparse.ArgumentParser, limits: bool = True) -> None:
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", default="", help="PEM CA the shards trust (default: the cert)")
     p.add_argument("--log-level", default="INFO")
+
+
+def add_ui_port(p: argparse.ArgumentParser) -> None:
+    """Add --ui-port: the coordinator's status page (``ps_server.ui``)."""
+    p.add_argument(
+        "--ui-port",
+        type=int,
+        default=None,
+        help="serve the status page (HTML at /, /status.json, Prometheus /metrics) on this "
+        "port of --host (0 = any free port; default: no page); it asks for the token too",
+    )
 
 
 def apply_common(args: argparse.Namespace) -> str:

@@ -28,6 +28,7 @@ from typing import TypeVar
 import numpy as np
 
 from ps_server import fencing, journal
+from ps_server.fits import FitBoard
 from ps_server.idle import LastUse, idle_ttl
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
@@ -102,6 +103,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self._on_shutdown = on_shutdown
         self.hosts = None  # a service across hosts: its ps_server.hosts.HostTable
         self.journal: journal.Journal | None = None  # across hosts, with a checkpoint dir
+        self.fits = FitBoard()  # the fits' progress, for the status page (ps_server.ui)
 
     def _log(self, record: dict, sync: bool = False) -> None:
         """Journal a change (under `cond`, so records are in the order of the changes)."""
@@ -693,6 +695,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             for q in self.queues.values():  # leases lapse even when nobody asks for work
                 self._expire(q)
             return pb.Metrics(counters=dict(self.counters), waiting=len(self.waiters))
+
+    @_guard
+    async def ReportProgress(self, request, context):
+        if not request.fit:
+            raise RequestError("INVALID_ARGUMENT", "ReportProgress: empty fit id")
+        self.fits.report(request)
+        return pb.Ack(value=request.done)
 
     @_guard
     async def HostHeartbeat(self, request, context):

@@ -390,6 +390,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint-dir", default="", help="where lost partitions restore from")
     cli.add_common(p)
+    cli.add_ui_port(p)
     return p
 
 
@@ -427,5 +428,7 @@ def main(argv: list[str] | None = None) -> None:
         log.warning("stopped before %d hosts joined", service.min_hosts)
         service.stop()
         return
+    if args.ui_port is not None:
+        service.start_ui(args.ui_port)
     print(f"{READY_PREFIX}{service.address}", flush=True)
     service.supervise()

@@ -41,7 +41,7 @@ from ps_server.wire import (
     server_options,
 )
 
-__all__ = ["Service", "READY_PREFIX"]
+__all__ = ["Service", "READY_PREFIX", "UI_PREFIX"]
 
 # One shard per core: BLAS-1 vector ops are memory-bound, and OpenBLAS's own threads
 # (spinning between calls) cost ~10x the CPU of the work on a busy machine (a shard's
@@ -50,6 +50,8 @@ _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS
 
 log = logging.getLogger("ps_server.service")
 READY_PREFIX = "SPARK_PS_READY "
+#: Printed on stdout with the status page's URL once it serves (before READY_PREFIX).
+UI_PREFIX = "SPARK_PS_UI "
 #: A shard that dies this soon after (re)starting counts towards its restart back-off.
 QUICK_DEATH_SECONDS = timeouts.QUICK_DEATH_SECONDS
 
@@ -117,6 +119,7 @@ class Service:
         self._spawned: list[subprocess.Popen] = []  # every live process started: stop() ends them
         self._started: dict[int, float] = {}  # index -> when its primary last (re)started
         self._quick_deaths: dict[int, int] = {}  # index -> deaths in a row soon after a start
+        self.ui = None  # the status page (start_ui)
 
     @property
     def _primary_role(self) -> str:
@@ -378,10 +381,22 @@ class Service:
         for ch in channels:
             ch.close()  # cancels the calls in flight on it
 
+    def start_ui(self, port: int = 0) -> str:
+        """Serve the status page (``ps_server.ui``) on `port` of the coordinator's address
+        (0: any free port); returns its URL, which is logged and printed on stdout."""
+        from ps_server.ui import StatusPage
+
+        self.ui = StatusPage(self, self.host, port)
+        log.info("spark-ps status page: %s (also /status.json, /metrics)", self.ui.url)
+        print(f"{UI_PREFIX}{self.ui.url}", flush=True)
+        return self.ui.url
+
     def stop(self) -> None:
         with self._lock:  # no process is started after this
             self.stop_event.set()
             procs = list(self._spawned)
+        if self.ui is not None:
+            self.ui.stop()
         lifecycle.stop_processes(procs)
         self._close_channels()
         self.server.stop(grace=0.5)
@@ -403,8 +418,10 @@ def run(
     replicas: int = 1,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     shard_memory_mb: float = 0,
+    ui_port: int | None = None,
 ) -> None:
-    """Start, announce readiness on stdout, supervise until told to stop."""
+    """Start, announce readiness on stdout, supervise until told to stop; with `ui_port`
+    (0: any free port), serve the status page (``ps_server.ui``) too."""
     lifecycle.die_with_parent()
     service = Service(
         host,
@@ -419,5 +436,7 @@ def run(
 
     service.signals.install()  # polled by supervise(): a handler must take no lock
     service.start()
+    if ui_port is not None:
+        service.start_ui(ui_port)
     print(f"{READY_PREFIX}{service.address}", flush=True)
     service.supervise()

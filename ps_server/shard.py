@@ -25,6 +25,7 @@ from ps_server.direct import DirectServer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.replica import MUTATIONS, Replica, digest, request_id
+from ps_server.requests import RequestStatsInterceptor
 from ps_server.tensors import ShardMemory, Tensor
 from ps_server.wire import (
     DEFAULT_MAX_REQUEST_MB,
@@ -408,6 +409,7 @@ def serve_shard(
         interceptors=[
             TokenInterceptor(token),
             RequestLimitInterceptor(max_request_bytes, f"shard {index}"),
+            RequestStatsInterceptor(),  # calls and latency per RPC, for the status page
         ],
         options=server_options(max_request_bytes),
     )

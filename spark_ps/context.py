@@ -45,6 +45,10 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
                            ``spark.executor.instances``, or ``spark.cores.max`` over
                            ``spark.executor.cores``; else those joining within the
                            plugin's ``joinWait``)
+``spark.ps.uiPort``        the embedded coordinator serves its status page (HTML, and
+                           ``/status.json``, Prometheus ``/metrics``) on this port of
+                           its address (0: any free port; default: none); the URL is
+                           logged and kept in ``PSContext.ui_url``
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
@@ -64,7 +68,7 @@ import tempfile
 import threading
 
 from ps_server.auth import is_loopback, new_token
-from ps_server.service import READY_PREFIX
+from ps_server.service import READY_PREFIX, UI_PREFIX
 from ps_server.tls import read_pem
 from spark_ps.client import PSClient
 
@@ -286,6 +290,8 @@ class PSContext:
         self._requests: dict[str, list] = {}  # uri -> [event, version once written]
         self._scratch: str | None = None  # recovery_dir's temp dir, removed by stop()
         self._stopped = False
+        #: The status page's URL (``spark.ps.uiPort``; None: not served by this embedded PS)
+        self.ui_url: str | None = None
 
     @property
     def embedded(self) -> bool:
@@ -363,6 +369,11 @@ class PSContext:
             cmd += ["--checkpoint-dir", kw["checkpoint_dir"]]
         cmd += ["--max-request-mb", str(float(_conf(spark, "maxRequestMB", conf)))]
         cmd += ["--shard-memory-mb", str(float(_conf(spark, "shardMemoryMB", conf)))]
+        ui_port = _conf(spark, "uiPort", conf).strip()
+        if ui_port:
+            if not ui_port.isdigit() or int(ui_port) > 65535:
+                raise ValueError(f"spark.ps.uiPort must be a port number (0: any), got {ui_port!r}")
+            cmd += ["--ui-port", ui_port]
         for flag, key in (
             ("--tls-cert", "tls.cert"),
             ("--tls-key", "tls.key"),
@@ -372,10 +383,17 @@ class PSContext:
                 cmd += [flag, _conf(spark, key, conf)]
         env = dict(os.environ, SPARK_PS_TOKEN=token)
         proc = _launch(cmd, env)
-        address = _read_ready(proc, float(_conf(spark, "startTimeout", conf)))
+        address, ui_url = _read_ready(proc, float(_conf(spark, "startTimeout", conf)))
         ctx = cls(address, token, process=proc, **kw)
+        ctx.ui_url = ui_url
         atexit.register(ctx.stop)
         log.info("embedded PS with %d shards at %s (pid %d)", shards, address, proc.pid)
+        if ui_url:
+            log.warning(
+                "spark-ps status page: %s (it asks for the PS token: PSContext.token, as "
+                "?token=... or 'Authorization: Bearer ...')",
+                ui_url,
+            )
         return ctx
 
     def _stop_with(self, sc) -> None:
@@ -550,11 +568,15 @@ class PSContext:
         return f"PSContext({kind}, address={self.address!r}, shards={self.num_shards})"
 
 
-def _read_ready(proc: subprocess.Popen, timeout: float) -> str:
+def _read_ready(proc: subprocess.Popen, timeout: float) -> tuple[str, str | None]:
+    """The service's address, and its status page's URL (None: it serves none)."""
     box: list[str] = []
+    ui: list[str] = []
 
     def reader():
         for line in proc.stdout:
+            if line.startswith(UI_PREFIX):
+                ui.append(line[len(UI_PREFIX) :].strip())
             if line.startswith(READY_PREFIX):
                 box.append(line[len(READY_PREFIX) :].strip())
                 return
@@ -569,4 +591,4 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> str:
             f"embedded PS did not start within {timeout}s "
             f"(exit code {proc.returncode}); see its stderr above"
         )
-    return box[0]
+    return box[0], (ui[0] if ui else None)

@@ -46,7 +46,9 @@ def tls_ps(tmp_path_factory):
         check=True,
         capture_output=True,
     )
-    ps = PSContext.start(**{"numShards": 2, "tls.cert": str(cert), "tls.key": str(key)})
+    ps = PSContext.start(
+        **{"numShards": 2, "tls.cert": str(cert), "tls.key": str(key), "uiPort": "0"}
+    )
     yield ps
     ps.stop()
 
@@ -88,3 +90,22 @@ def test_tls_shards_open_no_plaintext_direct_lane(tls_ps):
     )
     assert meta == {"pending": False} and arrays[0].tolist() == [[1.0, 1.0]]
     assert not client._links.__dict__.get("links")  # gRPC (TLS) carried it
+
+
+def test_status_page_is_served_over_https_with_the_same_certificate(tls_ps):
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    assert tls_ps.ui_url.startswith("https://127.0.0.1:")
+    trust = ssl.create_default_context(cadata=tls_ps.tls_ca.decode())
+    req = urllib.request.Request(
+        tls_ps.ui_url + "metrics", headers={"Authorization": f"Bearer {tls_ps.token}"}
+    )
+    with urllib.request.urlopen(req, timeout=30, context=trust) as r:
+        assert r.status == 200 and b"spark_ps_partitions 2.0" in r.read()
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context())
+    plain = tls_ps.ui_url.replace("https://", "http://") + "metrics"
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        urllib.request.urlopen(plain, timeout=10)

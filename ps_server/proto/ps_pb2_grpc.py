@@ -823,6 +823,11 @@ class CoordinatorStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.DrainRequest.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
                 _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/spark_ps.Coordinator/ReportProgress',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.FitProgress.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -973,6 +978,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportProgress(self, request, context):
+        """A fit's progress (iteration, loss, ...): kept for the status page (ps_server.ui).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1090,6 +1102,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.DrainRequest.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.ShardMap.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.FitProgress.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1713,6 +1730,33 @@ class Coordinator:
             '/spark_ps.Coordinator/Drain',
             ps__server_dot_proto_dot_ps__pb2.DrainRequest.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.ShardMap.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Coordinator/ReportProgress',
+            ps__server_dot_proto_dot_ps__pb2.FitProgress.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

@@ -788,6 +788,30 @@ class PSClient:
         """Add to a coordinator counter (see `metrics`)."""
         return self._coord("Count", pb.CountRequest(event=event, n=n)).value
 
+    def report_progress(
+        self,
+        fit: str,
+        name: str,
+        done: int,
+        total: int,
+        unit: str,
+        metrics: dict[str, float],
+        finished: bool = False,
+        timeout: float = 2.0,
+    ) -> None:
+        """Tell the coordinator how far fit `fit` is (its status page draws the curves);
+        one try with a short deadline: a missed report only leaves a gap in a curve."""
+        progress = pb.FitProgress(
+            fit=fit,
+            name=name,
+            done=int(done),
+            total=int(total),
+            unit=unit,
+            metrics={k: float(v) for k, v in metrics.items()},
+            finished=finished,
+        )
+        self.coordinator.ReportProgress(progress, metadata=self._md, timeout=timeout)
+
     def metrics(self) -> dict[str, int]:
         """The coordinator's counters: shard restarts, restores, checkpoints, requeued tasks..."""
         return dict(self._coord("GetMetrics", pb.Empty()).counters)

@@ -207,7 +207,8 @@ public class PSPlugin implements SparkPlugin {
         }
 
         /** Flags of the coordinator: how many executors' hosts to wait for (see
-         *  {@link #expectedHosts}), partitions, replicas, checkpoints, request limit. */
+         *  {@link #expectedHosts}), partitions, replicas, checkpoints, request limit, the
+         *  status page's port. */
         static List<String> coordinatorArgs(SparkConf conf) {
             int replicas = conf.getInt("spark.ps.replicas", 1);
             int hosts = expectedHosts(conf);
@@ -226,7 +227,8 @@ public class PSPlugin implements SparkPlugin {
             }
             for (String[] k : new String[][] {
                     {"spark.ps.checkpointDir", "--checkpoint-dir"},
-                    {"spark.ps.maxRequestMB", "--max-request-mb"}}) {
+                    {"spark.ps.maxRequestMB", "--max-request-mb"},
+                    {"spark.ps.uiPort", "--ui-port"}}) {
                 if (conf.contains(k[0])) {
                     args.add(k[1]);
                     args.add(conf.get(k[0]));
