@@ -90,13 +90,16 @@ def kill_an_executor(spark, ps, procs: list[dict]) -> dict:
     out = {"host": victim, "ps_pids": mine, "orphans": [pid for pid in mine if _running(pid)]}
     out["gone_seconds"] = time.monotonic() - t0
     old = {h["id"] for h in before["hosts"]}
-    while time.monotonic() - t0 < 90:
+    lost: list[str] = []  # as the coordinator said it once it lost the host: a replacement
+    while time.monotonic() - t0 < 90:  # joining later may place a new (empty) shard there
         st = status(ps.address, ps.token)
         alive = {h["id"] for h in st["hosts"] if h["alive"]}
-        if victim not in alive and alive - old:
+        if not any(lost):
+            lost = [p["lost"] for p in st["partitions"]]
+        if victim not in alive and alive - old and any(lost):
             break
         time.sleep(0.5)
-    out.update(alive=sorted(alive), lost=[p["lost"] for p in st["partitions"]])
+    out.update(alive=sorted(alive), lost=lost)
     out["seconds"] = time.monotonic() - t0
     return out
 
