@@ -17,9 +17,4 @@ NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR="$(mktemp -d)" .venv/bin/python -m pytest
   tests/test_tree_kernels.py tests/test_split_kernel.py tests/test_gbt_fit.py "$@"
 # The wheel, installed alone into a fresh venv (no Gradle, no checkout), fits and exports.
 bash scripts/wheel_check.sh
-JOIN_DRAIN=tests/test_scale.py::test_a_fit_goes_on_while_a_host_joins_and_another_is_drained
-.venv/bin/python -m pytest -q -m slow --durations=25 --deselect "$JOIN_DRAIN" "$@"
-# In a process of its own: run after the rest of the slow suite in one process, its fit
-# through a join ends 4e-6 off the undisturbed fit (the same floats every time; alone it
-# is equal). The interference is not understood yet; see the test's failure output.
-.venv/bin/python -m pytest -q "$JOIN_DRAIN" "$@"
+.venv/bin/python -m pytest -q -m slow --durations=25 "$@"

@@ -302,6 +302,14 @@ class PSContext:
         """The active context, or a new one from `conf` / the Spark conf (see module doc)."""
         with cls._lock:
             if cls._active is not None and not cls._active._stopped:
+                asked = conf.get("address")
+                if asked and asked != cls._active.address:
+                    log.warning(
+                        "PSContext.getOrCreate(address=%r): a PSContext is already active at "
+                        "%s and is returned; stop it first to use another PS",
+                        asked,
+                        cls._active.address,
+                    )
                 if spark is not None:
                     cls._active._stop_with(spark.sparkContext)
                 return cls._active

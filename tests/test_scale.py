@@ -316,12 +316,15 @@ def _fit(spark, df, address: str) -> tuple[np.ndarray, float]:
     from spark_ps import PSContext
     from spark_ps.ml.classification import LogisticRegression
 
+    # the service's context, not an embedded PS an earlier test of this process left active
+    previous, PSContext._active = PSContext._active, None
     ps = PSContext.getOrCreate(spark, address=address, token=TOKEN)
     try:
         est = LogisticRegression(maxIter=100, regParam=0.01, standardization=False, tol=0.0)
         model = est.fit(df)
     finally:
         ps.stop()  # an external service: only this process's connection closes
+        PSContext._active = previous
     return np.append(model.coefficients.toArray(), model.intercept), time.monotonic()
 
 
