@@ -93,6 +93,26 @@ def test_task_failing_once_mid_fit_gives_the_clean_coefficients(spark_ps, tmp_pa
     assert retried.summary.objectiveHistory == clean.summary.objectiveHistory
 
 
+def test_a_worker_lost_while_a_finished_fit_stops_does_not_fail_the_fit(spark_ps, tmp_path, caplog):
+    """A task that dies on the final ``stop`` command (an executor killed as the job winds
+    down) comes after the fit's last round was collected: the fit returns its model,
+    with a warning, instead of failing."""
+    spark, _ = spark_ps
+    df = _dense_df(spark, n=400, d=4, seed=3)
+    lr = LogisticRegression(maxIter=8, regParam=0.01)
+    clean = lr.fit(df)
+    marker = tmp_path / "failed"
+    _job.inject_failure_once("stop", nth=0, part=1, marker=str(marker))
+    try:
+        with caplog.at_level("WARNING", logger="spark_ps.job"):
+            lost = lr.fit(df)
+    finally:
+        _job.clear_failures()
+    assert marker.exists()  # the task really died on stop
+    assert "the fit is complete" in caplog.text
+    np.testing.assert_array_equal(lost.coefficients.toArray(), clean.coefficients.toArray())
+
+
 def test_long_keys_beyond_2pow31_match_the_same_data_as_vectors(spark_ps):
     """Keys at 2**40 train on the K touched keys only; same optimum as MLlib on vectors."""
     spark, _ = spark_ps

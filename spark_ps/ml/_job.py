@@ -188,27 +188,24 @@ class WorkerContext:
         if fault is None:
             return
         n = self._fault_counts[op] = self._fault_counts.get(op, -1) + 1
-        if (
-            n == fault["count"]
-            and fault["part"] == self.part
-            and not os.path.exists(fault["marker"])
-        ):
-            open(fault["marker"], "w").close()
-            if fault.get("kill_executor"):
-                _kill_executor_jvm(fault["marker"])
-            raise RuntimeError(f"injected failure of partition {self.part} at {op} #{n}")
+        if n == fault["count"]:
+            self.injected_failure(fault, f"at {op} #{n}")
 
-    def contribute(self, round_: int, values) -> None:
-        """This partition's scalars for `round_` (a retry replaces them)."""
-        fault = self.state.get("_fault")
+    def injected_failure(self, fault: dict | None, where: str) -> None:
+        """Die here if `fault` (an `inject_failure_once` request) names this partition
+        and has not fired yet; the marker file lets the retried attempt go on."""
         if fault and fault["part"] == self.part and not os.path.exists(fault["marker"]):
             open(fault["marker"], "w").close()
             if fault.get("kill_executor"):
                 _kill_executor_jvm(fault["marker"])
-            raise RuntimeError(
-                f"injected failure of partition {self.part} in round {round_}, "
-                "after its pushes and before its contribution"
-            )
+            raise RuntimeError(f"injected failure of partition {self.part} {where}")
+
+    def contribute(self, round_: int, values) -> None:
+        """This partition's scalars for `round_` (a retry replaces them)."""
+        self.injected_failure(
+            self.state.get("_fault"),
+            f"in round {round_}, after its pushes and before its contribution",
+        )
         self.client.contribute(f"{self.topic}/out", round_, self.part, np.asarray(values))
 
 
@@ -240,6 +237,7 @@ def run_worker_loop(
             round_, cmd = ctx.client.wait(f"{topic}/cmd", last + 1, timeout=3600)
             op = cmd.get("op")
             if op == "stop":
+                ctx.injected_failure(cmd.get("_fault"), "on stop")
                 break
             handler = _rewind if op == "rewind" else handlers.get(op)
             if handler is None:
@@ -374,6 +372,17 @@ class PSJob:
                     self.result = self._df.collect()
                     return
                 except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                    if self._stopping and _task_failed(e):
+                        # `stop` comes after the fit's last round was collected: the model
+                        # is on the PS, and a worker lost while leaving (an executor killed
+                        # as the job winds down) takes nothing the fit needs.
+                        log.warning(
+                            "spark-ps %s: a worker was lost while the finished fit stopped "
+                            "its workers; the fit is complete: %s",
+                            self.name,
+                            str(e)[str(e).find(_BARRIER_ABORT) :][:300],
+                        )
+                        return
                     if (
                         self._stopping
                         or launch == launches
