@@ -50,3 +50,18 @@ def write_stream_files(directory: Path, files: int, per_file: int, log2_dim: int
         pq.write_table(rows(per_file, log2_dim, seed=100 + i), path)
         paths.append(path)
     return paths
+
+
+def train_stream(spark, learner, src: Path, checkpoint: Path, schema) -> None:
+    """Train `learner` on every file under `src`, one file per micro-batch, to the end."""
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+    q = learner.trainOn(stream, str(checkpoint), trigger={"availableNow": True})
+    q.awaitTermination(240)
+    assert q.exception() is None
+
+
+def learner_state(learner) -> tuple[np.ndarray, np.ndarray]:
+    """The FTRL model's (keys, [z, n] rows), ordered by key: comparable across runs."""
+    keys, zn = learner._cfg.state.pull()
+    order = np.argsort(keys)
+    return np.asarray(keys)[order], np.asarray(zn).reshape(-1, 2)[order]

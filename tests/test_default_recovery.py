@@ -102,6 +102,16 @@ def _delta(ps, before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in ps.metrics().items()}
 
 
+def _check_recovered(ps, before: dict, models: set, kills: int, warm: bool = True) -> None:
+    """Every kill was answered by one restart and one restore, the fit left no tensor
+    behind, and (`warm`) a warm restart went back to a held iterate."""
+    after = _delta(ps, before)
+    assert after["restart"] == kills and after["restore"] == kills, after
+    if warm:
+        assert after["iteration_lost"] > 0, after
+    assert set(ps.client.models()) <= models  # the fit left no tensor behind
+
+
 @pytest.mark.slow
 def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, kill_after):
     """Default config: kills while the statistics are summed (set-up, nothing held: starts
@@ -117,10 +127,7 @@ def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, 
     killed = kill_after({"stats": [0], "grad": [0, 20], "final": [0]})
     faulted = lr.fit(df)
     assert len(killed) == 4
-    after = _delta(ps, before)
-    assert after["restart"] == 4 and after["restore"] == 4
-    assert after["iteration_lost"] > 0  # the warm restart went back to a held iterate
-    assert set(ps.client.models()) <= models  # the fit left no tensor behind
+    _check_recovered(ps, before, models, 4)
     np.testing.assert_allclose(
         faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-6
     )
@@ -162,10 +169,7 @@ def test_multinomial_fit_survives_kills_in_set_up_iterations_and_final_pull(spar
     killed = kill_after({"stats": [0], "softmax_grad": [0, 18], "final": [0]})
     faulted = lr.fit(df)
     assert len(killed) == 4
-    after = _delta(ps, before)
-    assert after["restart"] == 4 and after["restore"] == 4
-    assert after["iteration_lost"] > 0  # the warm restart went back to a held iterate
-    assert set(ps.client.models()) <= models  # the fit left no tensor behind
+    _check_recovered(ps, before, models, 4)
     assert faulted.summary.objectiveHistory[-1] == pytest.approx(
         clean.summary.objectiveHistory[-1], rel=1e-9
     )
@@ -204,10 +208,7 @@ def test_linear_regression_and_svc_survive_kills_in_set_up_iterations_and_final_
         k0 = len(killed)  # the fixture's one list holds every estimator's victims
         faulted = est.fit(df)
         assert len(killed) - k0 == 4, est
-        after = _delta(ps, before)
-        assert after["restart"] == 4 and after["restore"] == 4
-        assert after["iteration_lost"] > 0  # a warm restart went back to a held iterate
-        assert set(ps.client.models()) <= models  # the fit left no tensor behind
+        _check_recovered(ps, before, models, 4)
         np.testing.assert_allclose(
             faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=0, atol=1e-5
         )
@@ -231,9 +232,7 @@ def test_minibatch_fit_survives_kills_in_set_up_and_epochs(spark_ps, kill_after)
     killed = kill_after({"keys": [0], "epoch": [1], "final": [0]})
     faulted = lr.fit(df)
     assert len(killed) == 3
-    after = _delta(ps, before)
-    assert after["restart"] == 3 and after["restore"] == 3
-    assert set(ps.client.models()) <= models  # the fit left no tensor behind
+    _check_recovered(ps, before, models, 3, warm=False)
     np.testing.assert_allclose(
         faulted.coefficients.toArray(), clean.coefficients.toArray(), rtol=1e-9, atol=1e-12
     )
@@ -280,7 +279,8 @@ def test_online_ftrl_survives_kills_at_set_up_before_commit_between_batches_and_
     the model is restored from its newest snapshot and the batch learned again. The model
     ends bit for bit where a clean run does (a batch's increments do not depend on the
     attempt that computed them), and so do its scores."""
-    from online_data import write_stream_files
+    from online_data import learner_state as state
+    from online_data import train_stream, write_stream_files
 
     from spark_ps.ml.online import OnlineLogisticRegression
     from spark_ps.ml.online import learner as online_learner
@@ -291,15 +291,7 @@ def test_online_ftrl_survives_kills_at_set_up_before_commit_between_batches_and_
     schema = spark.read.parquet(str(src)).schema
 
     def run(learner, ckpt):
-        stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
-        q = learner.trainOn(stream, str(tmp_path / ckpt), trigger={"availableNow": True})
-        q.awaitTermination(240)
-        assert q.exception() is None
-
-    def state(learner):
-        keys, zn = learner._cfg.state.pull()
-        order = np.argsort(keys)
-        return np.asarray(keys)[order], np.asarray(zn).reshape(-1, 2)[order]
+        train_stream(spark, learner, src, tmp_path / ckpt, schema)
 
     clean = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="ft-clean")
     faulted = OnlineLogisticRegression(featuresCol="keys", alpha=0.1, modelName="ft-faulted")
@@ -338,3 +330,39 @@ def test_online_ftrl_survives_kills_at_set_up_before_commit_between_batches_and_
     finally:
         clean.drop()
         faulted.drop()
+
+
+@pytest.mark.slow
+def test_fm_fit_survives_kills_in_set_up_iterations_and_the_last_pass(spark_ps, kill_after):
+    """FMClassifier (adamW, factors and optimizer state only on the PS): kills in the
+    ``dims`` round (set-up), the first gradient round, 5 iterations in, and in the
+    objective-only pass right before the model is read. A restarted shard comes back
+    without its rows, so each kill starts the fit over on fresh tensors; the rows are a
+    function of their key and seed, the samples of seed and iteration, and two workers'
+    sums add the same in either order, so the model is the clean fit's bit for bit."""
+    from spark_ps.ml.classification import FMClassifier
+
+    spark, ps = spark_ps
+    rng = np.random.default_rng(3)
+    n, d = 600, 30
+    x = rng.normal(size=(n, d)) * (rng.uniform(size=(n, d)) < 0.2)
+    y = (x[:, :5].sum(axis=1) + x[:, 5] * x[:, 6] > 0).astype(float)
+    rows = [
+        (float(y[i]), Vectors.sparse(d, {j: x[i, j] for j in np.flatnonzero(x[i])}))
+        for i in range(n)
+    ]
+    df = spark.createDataFrame(rows, ["label", "features"]).cache()
+    fm = FMClassifier(factorSize=4, maxIter=10, tol=0.0, seed=2, stepSize=0.05, numWorkers=2)
+    clean = fm.fit(df)
+    history = clean.summary().objectiveHistory  # a method, as pyspark's FM models have it
+    assert len(history) == 11  # 10 steps + the objective-only pass
+    before, models = ps.metrics(), set(ps.client.models())
+    # attempt 3 runs grad rounds 1-6, attempt 4 rounds 7-17 (17: the objective-only pass)
+    killed = kill_after({"dims": [0], "grad": [0, 6, 17]})
+    faulted = fm.fit(df)
+    assert len(killed) == 4
+    _check_recovered(ps, before, models, 4, warm=False)
+    np.testing.assert_array_equal(faulted.factors.toArray(), clean.factors.toArray())
+    np.testing.assert_array_equal(faulted.linear.toArray(), clean.linear.toArray())
+    assert faulted.intercept == clean.intercept
+    assert faulted.summary().objectiveHistory == history

@@ -146,7 +146,8 @@ def test_an_online_ftrl_stream_loses_a_whole_host_between_batches_and_ends_where
     after micro-batch 1 was learned and before its commit. Its backups are promoted with
     the batch's pending contributions (a seed and every forward carry them), so the commit
     goes on and the model's state ends bit for bit where a clean stream's does."""
-    from online_data import write_stream_files
+    from online_data import learner_state as state
+    from online_data import train_stream, write_stream_files
 
     from spark_ps.ml.online import OnlineLogisticRegression
     from spark_ps.ml.online import learner as online_learner
@@ -156,15 +157,7 @@ def test_an_online_ftrl_stream_loses_a_whole_host_between_batches_and_ends_where
     schema = spark.read.parquet(str(src)).schema
 
     def run(learner, ckpt):
-        stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
-        q = learner.trainOn(stream, str(tmp_path / ckpt), trigger={"availableNow": True})
-        q.awaitTermination(240)
-        assert q.exception() is None
-
-    def state(learner):
-        keys, zn = learner._cfg.state.pull()
-        order = np.argsort(keys)
-        return np.asarray(keys)[order], np.asarray(zn).reshape(-1, 2)[order]
+        train_stream(spark, learner, src, tmp_path / ckpt, schema)
 
     args = ["--replicas", "2", "--host-timeout", "4"]
     logs = tmp_path / "logs"

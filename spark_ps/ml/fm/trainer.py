@@ -29,6 +29,7 @@ import numpy as np
 
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.fm.worker import HANDLERS, setup_rows
 from spark_ps.models import PSEmbedding
@@ -94,40 +95,55 @@ def train_fm(
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
     workers = prepared.num_workers
     setup = setup_rows(prepared.features_col, prepared.label_col, prepared.values_col)
-    job = PSJob(ps, prepared.df, workers, setup, HANDLERS, name=f"FM({loss}, {params['solver']})")
+    name = f"FM({loss}, {params['solver']})"
+    job = PSJob(ps, prepared.df, workers, setup, HANDLERS, name=name)
     with job:
-        nf, _ = _num_features(job, workers)
-        factors, linear = _tensors(ps, job.topic, nf, params)
+        recovery = FitRecovery(job, 1, ps_state=True, what=name, checkpoints=False)
+        built: list[PSEmbedding] = []
+
+        def attempt(resume: dict | None) -> FMResult:
+            for t in built:  # a rollback starts over: the restarted shard lost its rows
+                best_effort("dropping the FM tensors of a rolled-back attempt", t.drop)
+            built.clear()
+            nf, _ = _num_features(job, workers)
+            factors, linear = _tensors(ps, recovery.prefix, nf, params)
+            built.extend((factors, linear))
+            return _fit(job, ps, factors, linear, nf, params, loss, initial_factors)
+
         try:
-            if initial_factors is not None:
-                v0 = np.asarray(initial_factors, dtype=np.float64)
-                if v0.shape != (nf, int(params["factorSize"])):
-                    raise ValueError(
-                        f"initial factors of shape {v0.shape}, expected "
-                        f"({nf}, {params['factorSize']})"
-                    )
-                factors.update(np.arange(nf, dtype=np.int64), v0)
-            history, iters = _iterate(job, ps, factors, linear, nf, params, loss)
-            keys, v = factors.pull()
-            lkeys, w = linear.pull()
-            lkeys, w = np.asarray(lkeys), np.asarray(w, dtype=np.float64).reshape(-1)
-            at_b = lkeys == nf
-            intercept = float(w[at_b][0]) if at_b.any() and params["fitIntercept"] else 0.0
-            keep = ~at_b if params["fitLinear"] else np.zeros(lkeys.size, dtype=bool)
-            return FMResult(
-                nf,
-                np.asarray(keys, dtype=np.int64),
-                np.asarray(v, dtype=np.float64).reshape(len(keys), -1),
-                lkeys[keep],
-                w[keep],
-                intercept,
-                history,
-                iters,
-                int(len(keys) + lkeys.size),
-            )
+            return recovery.run(attempt)
         finally:  # clean-up must not hide the fit's own error (see best_effort)
-            best_effort("dropping the FM factors", factors.drop)
-            best_effort("dropping the FM linear weights", linear.drop)
+            for t in built:
+                best_effort(f"dropping {t.name}", t.drop)
+
+
+def _fit(job, ps, factors, linear, nf: int, params: dict, loss: str, initial_factors):
+    """One attempt of the fit on freshly created tensors: iterate, then read the model."""
+    if initial_factors is not None:
+        v0 = np.asarray(initial_factors, dtype=np.float64)
+        if v0.shape != (nf, int(params["factorSize"])):
+            raise ValueError(
+                f"initial factors of shape {v0.shape}, expected ({nf}, {params['factorSize']})"
+            )
+        factors.update(np.arange(nf, dtype=np.int64), v0)
+    history, iters = _iterate(job, ps, factors, linear, nf, params, loss)
+    keys, v = factors.pull()
+    lkeys, w = linear.pull()
+    lkeys, w = np.asarray(lkeys), np.asarray(w, dtype=np.float64).reshape(-1)
+    at_b = lkeys == nf
+    intercept = float(w[at_b][0]) if at_b.any() and params["fitIntercept"] else 0.0
+    keep = ~at_b if params["fitLinear"] else np.zeros(lkeys.size, dtype=bool)
+    return FMResult(
+        nf,
+        np.asarray(keys, dtype=np.int64),
+        np.asarray(v, dtype=np.float64).reshape(len(keys), -1),
+        lkeys[keep],
+        w[keep],
+        intercept,
+        history,
+        iters,
+        int(len(keys) + lkeys.size),
+    )
 
 
 def _iterate(job, ps, factors, linear, nf: int, params: dict, loss: str) -> tuple[list, int]:
