@@ -37,6 +37,7 @@ from bench.common import (
     run_guarded,
 )
 from bench.datagen import MAX_VECTOR_LOG2, dense_features, flights_ctr, synthetic_ctr
+from bench.floor import floor_row, measure_floor
 
 __all__ = ["COLUMNS", "Case", "main", "parse_args"]
 
@@ -46,7 +47,7 @@ COLUMNS = (
     "dataset", "dim", "train rows", "impl", "iters", "fit s", "s/iter", "setup s", "iter s",
     "final loss",
     "t to MLlib loss s", "JVM heap MiB", "py RSS MiB", "test AUC",
-    "speedup", "speedup to loss", "heap ratio", "dAUC", "status",
+    "speedup", "speedup to loss", "heap ratio", "dAUC", "floor s", "fit/floor", "status",
 )  # fmt: skip
 
 
@@ -61,6 +62,7 @@ class Case:
     test: Any
     features_col: str = "features"
     rows: int | None = None  # generated train rows (synthetic/dense), for child re-runs
+    floor: dict | None = None  # bench/floor.py's measures on `train`, once per case
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -191,6 +193,7 @@ def fit_one(impl: str, est: Any, case: Case, spark: Any, target: float | None, r
         phases = getattr(model, "_fit_phases", None)
         if phases:
             print(f"{impl} {case.dataset} {case.dim} phases (s): {phases}", flush=True)
+            row.update(_floor(case, t.elapsed, phases))
         row.update(
             {
                 "iters": iters,
@@ -208,6 +211,21 @@ def fit_one(impl: str, est: Any, case: Case, spark: Any, target: float | None, r
     except Exception as exc:  # report the failure (e.g. MLlib's OOM at 2**30) and go on
         row["status"] = _failure(exc)
     return row
+
+
+def _floor(case: Case, fit_s: float, phases: dict) -> dict[str, Any]:
+    """The fit's compute floor on the same cached partitions (bench/floor.py), printed
+    with the costs that lie between the floor and the fit."""
+    if case.floor is None:
+        case.floor = measure_floor(case.train, case.features_col)
+    f = floor_row(fit_s, phases, case.floor)
+    print(
+        f"floor {case.dataset} {case.dim}: Arrow pass {f['arrow pass s']:.3f} s + "
+        f"{f['evaluations']} evaluations x {f['eval s']:.4f} s = {f['floor s']:.3f} s; "
+        f"fit {fit_s:.3f} s = {f['fit/floor']:.2f}x the floor; costs (s): {f['costs']}",
+        flush=True,
+    )
+    return {"floor s": f["floor s"], "fit/floor": f["fit/floor"]}
 
 
 def _failure(exc: Exception) -> str:

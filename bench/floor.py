@@ -1,0 +1,106 @@
+"""The compute floor of a distributed LR fit, measured on the fit's own cached input.
+
+A fit cannot be faster than reading its input once and evaluating its loss and gradient
+as often as its solver asks, each core on its own partition with the weights at hand:
+
+    floor = (a) one Arrow pass of the input into the Python workers (rows to a localized
+                CSR batch: the fit's own `read_partition` and `localize`)
+          + evaluations x (b) one loss-and-gradient pass over a partition with the
+                weights local (the fit's own `loss_and_grad` kernel; no PS, no Spark job)
+
+Both are measured in one plain `mapInArrow` job over the same partitions, one task per
+core as in the fit. (a) is the job's wall time less its tasks' time after reading, so it
+holds Spark's task launch and the Arrow hand-over, which a fit pays once too; (b) is the
+slowest partition's median, since evaluations wait for every partition. Everything
+between the floor and the fit (pulls, pushes, rounds, line-search bookkeeping, set-up
+phases) is a cost the fit's own phase timings list.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["measure_floor", "floor_row"]
+
+_SCHEMA = "read_s double, after_s double, eval_s double, rows long, keys long"
+
+
+def measure_floor(df: Any, features_col: str, label_col: str = "label", reps: int = 5) -> dict:
+    """(a) Arrow pass seconds and (b) seconds per local evaluation on `df`'s partitions."""
+
+    def task(batches):
+        import numpy as np
+        import pyarrow as pa
+
+        from spark_ps.data import read_partition
+        from spark_ps.ml.lr.objective import loss_and_grad
+
+        t0 = time.perf_counter()
+        csr = read_partition(batches, features_col, label_col=label_col)
+        keys, local = csr.localize()
+        t1 = time.perf_counter()
+        rng = np.random.default_rng(0)
+        coef = rng.normal(0.0, 0.01, keys.size)
+        inv_std = np.ones(keys.size)
+        rows = local.row_ids() if hasattr(local, "row_ids") else None
+        loss_and_grad(local, coef, 0.0, inv_std, True, rows=rows)  # compiled kernels warm
+        times = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            loss_and_grad(local, coef, 0.0, inv_std, True, rows=rows)
+            times.append(time.perf_counter() - s)
+        yield pa.RecordBatch.from_pydict(
+            {
+                "read_s": [t1 - t0],
+                "after_s": [time.perf_counter() - t1],
+                "eval_s": [float(np.median(times))],
+                "rows": [int(csr.n_rows)],
+                "keys": [int(keys.size)],
+            }
+        )
+
+    t0 = time.perf_counter()
+    parts = df.mapInArrow(task, _SCHEMA).collect()
+    wall = time.perf_counter() - t0
+    after = max((p.after_s for p in parts), default=0.0)
+    return {
+        "arrow pass s": max(wall - after, 0.0),
+        "read in task s": max((p.read_s for p in parts), default=0.0),
+        "eval s": max((p.eval_s for p in parts), default=0.0),
+        "rows": sum(p.rows for p in parts),
+        "partitions": len(parts),
+    }
+
+
+#: The fit's own timings (``model._fit_phases``) that lie between the floor and the fit.
+_COSTS = (
+    "job start + read", "key numbering", "statistics", "solver vectors", "first objective",
+    "eval offset", "eval reduce", "eval finish", "worker pull", "worker push+contribute",
+    "coefficients",
+)  # fmt: skip
+
+
+def floor_row(fit_s: float, phases: dict, floor: dict) -> dict:
+    """The floor of one fit and the fit's distance from it, with its listed costs."""
+    evaluations = int(phases.get("evaluations", 0))
+    total = floor["arrow pass s"] + evaluations * floor["eval s"]
+    costs = {k: round(float(phases[k]), 3) for k in _COSTS if k in phases}
+    # the evaluation rounds' wall time beyond the workers' own compute: barrier rounds,
+    # command/collect latency and the slowest worker's wait
+    if "eval round" in phases and "worker compute" in phases:
+        costs["rounds beyond compute"] = round(
+            float(phases["eval round"])
+            - float(phases["worker compute"])
+            - float(phases.get("worker pull", 0.0))
+            - float(phases.get("worker push+contribute", 0.0)),
+            3,
+        )
+    return {
+        "evaluations": evaluations,
+        "arrow pass s": floor["arrow pass s"],
+        "eval s": floor["eval s"],
+        "floor s": total,
+        "fit/floor": fit_s / total if total > 0 else None,
+        "costs": costs,
+    }
