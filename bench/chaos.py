@@ -64,12 +64,14 @@ class _Killer(threading.Thread):
     def executors(self) -> list[int]:
         import psutil
 
-        jvm = psutil.Process(self.driver_pid)
-        return [
-            p.pid
-            for p in jvm.children(recursive=True)
-            if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
-        ]
+        pids = []
+        for p in psutil.Process(self.driver_pid).children(recursive=True):
+            try:  # Python workers come and go: one gone since the listing is no executor
+                if "CoarseGrainedExecutorBackend" in " ".join(p.cmdline()):
+                    pids.append(p.pid)
+            except psutil.Error:
+                continue
+        return pids
 
     def run(self) -> None:
         while not self._halt.wait(self.rng.uniform(*self.pause)):
