@@ -121,6 +121,18 @@ class _Dom(HTMLParser):
             self.status_json += data
 
 
+def _jobs(sc) -> list[tuple[str, str]]:
+    """(status, description) of every job, from the store behind the Spark UI's REST API
+    (``/api/v1/applications/<app>/jobs``): it is kept with the UI off too."""
+    jobs = sc._jsc.sc().statusStore().jobsList(None)
+    out = []
+    for i in range(jobs.size()):
+        job = jobs.apply(i)
+        desc = job.description()
+        out.append((job.status().toString(), desc.get() if desc.isDefined() else ""))
+    return out
+
+
 @pytest.fixture
 def held_fit(monkeypatch):
     """Progress.update on the driver waits at iteration HELD_AT until released."""
@@ -171,6 +183,12 @@ def test_chromium_renders_shards_and_the_running_fits_loss_curve(spark, held_fit
         thread.start()
         assert reached.wait(180), f"the fit did not reach iteration {HELD_AT}: {result}"
 
+        # the Spark UI links to the page: the running fit's job names its URL (no token)
+        running = [d for status, d in _jobs(spark.sparkContext) if status == "RUNNING"]
+        assert running == [
+            f"spark-ps LogisticRegression(maxIter=10): worker loop · PS status page {own.ui_url}"
+        ]
+        assert own.token not in running[0]
         url = f"{own.ui_url}?token={own.token}"
         dom = _chromium(url, tmp_path / "profile", "--dump-dom")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
     "PSJob",
+    "job_description",
     "best_effort",
     "WorkerContext",
     "run_worker_loop",
@@ -333,6 +334,13 @@ def _latest(client, topic: str) -> dict | None:
         raise
 
 
+def job_description(name: str, ps) -> str:
+    """The fit's Spark job description, as the Spark UI shows it: with the PS status page's
+    URL when the PS serves one (``spark.ps.uiPort``; never the token)."""
+    url = getattr(ps, "ui_url", None)
+    return f"spark-ps {name}: worker loop" + (f" · PS status page {url}" if url else "")
+
+
 class PSJob:
     """Driver side of one fit: launch the barrier job, post commands, collect answers."""
 
@@ -358,7 +366,7 @@ class PSJob:
         self._thread = threading.Thread(target=self._run, name=f"spark-ps {name}", daemon=True)
 
     def _run(self) -> None:
-        self._sc.setJobDescription(f"spark-ps {self.name}: worker loop")
+        self._sc.setJobDescription(job_description(self.name, self.ps))
         conf = self._df.sparkSession.conf
         with self._cap_lock:
             try:  # read as the job is planned, for its retries too
