@@ -49,6 +49,12 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
                            ``/status.json``, Prometheus ``/metrics``) on this port of
                            its address (0: any free port; default: none); the URL is
                            logged and kept in ``PSContext.ui_url``
+``spark.ps.progress``      ``false`` hides a fit's progress bar, ``true`` shows it even when
+                           stderr is not a terminal (default ``auto``: in a terminal or a
+                           notebook); read from the session's conf at each fit
+``spark.ps.logDir``        each fit writes its curves (loss per iteration, ...) as
+                           TensorBoard event files into ``<logDir>/<fit id>/`` (needs the
+                           ``[tensorboard]`` extra; default: none); read at each fit
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================

@@ -54,6 +54,14 @@ class _TrainingTrace:
         """Seconds since the fit started at each `objectiveHistory` entry (spark-ps only)."""
         return list(getattr(self, "_iteration_timestamps", []))
 
+    def plot(self, roc: bool = True, ax=None):
+        """A matplotlib Figure of `objectiveHistory` and, for a binary model, the training
+        ROC beside it (`roc`); with `ax`, the history drawn into that Axes (spark-ps only;
+        needs matplotlib: the ``[plot]`` extra)."""
+        from spark_ps.ml._plot import plot_summary
+
+        return plot_summary(self, roc=roc, ax=ax)
+
 
 class LogisticRegressionTrainingSummary(
     _TrainingTrace, LogisticRegressionSummary, _mllib.LogisticRegressionTrainingSummary
