@@ -77,6 +77,7 @@ from ps_server.auth import is_loopback, new_token
 from ps_server.service import READY_PREFIX, UI_PREFIX
 from ps_server.tls import read_pem
 from spark_ps.client import PSClient
+from spark_ps.models.tensors import use_active_context
 
 __all__ = ["PSContext"]
 
@@ -606,3 +607,7 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> tuple[str, str | None
             f"(exit code {proc.returncode}); see its stderr above"
         )
     return box[0], (ui[0] if ui else None)
+
+
+# handles made without context= use the active PSContext
+use_active_context(PSContext.active)

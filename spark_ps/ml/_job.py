@@ -39,10 +39,10 @@ from ps_server.lifecycle import keep_freed_memory
 from ps_server.waiting import MAX_WAIT_SECONDS
 from spark_ps.client import PSUnreachable, get_client
 from spark_ps.client.reach import reaches, unreachable_in
-from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
     "PSJob",
+    "ShardRestarted",
     "job_description",
     "best_effort",
     "WorkerContext",
@@ -332,6 +332,11 @@ def _latest(client, topic: str) -> dict | None:
         if "timed out" in str(e):
             return None
         raise
+
+
+class ShardRestarted(RuntimeError):
+    """A PS shard restarted during a fit: results since the last check are suspect
+    (`spark_ps.ml._recovery` rolls the fit back)."""
 
 
 def job_description(name: str, ps) -> str:
