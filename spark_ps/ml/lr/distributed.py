@@ -447,4 +447,3 @@ def _result(ks: _KeySpace, keys, coef, intercept, history, iters) -> TrainResult
     return TrainResult(
         coef[nz], intercept, history, iters, keys=keys[nz], num_features=ks.num_features
     )
-
