@@ -161,6 +161,19 @@ def test_summary_plot_draws_the_history_and_roc(spark_ps, lr_data):
     assert summary.plot(ax=ax) is fig2 and len(ax.get_lines()) == 1
 
 
+def test_a_regression_summary_plots_its_history_alone(spark_ps, lr_data):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from spark_ps.ml.regression import LinearRegression
+
+    summary = LinearRegression(maxIter=5, regParam=0.1, solver="l-bfgs").fit(lr_data).summary
+    fig = summary.plot()
+    (ax,) = fig.axes  # no ROC for a regression
+    (line,) = ax.get_lines()
+    assert list(line.get_ydata()) == summary.objectiveHistory and len(line.get_ydata()) >= 2
+
+
 def test_summary_plot_without_matplotlib_says_what_to_install(monkeypatch):
     import builtins
 

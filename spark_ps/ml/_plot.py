@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["plot_summary"]
+__all__ = ["plot_summary", "PlotsHistory"]
 
 
 def _figure_class():
@@ -64,3 +64,14 @@ def _roc_points(summary: Any) -> tuple[list[float], list[float]] | None:
         return None
     rows = roc.collect()
     return [r["FPR"] for r in rows], [r["TPR"] for r in rows]
+
+
+class PlotsHistory:
+    """``plot()`` for a training summary with an ``objectiveHistory`` (spark-ps only)."""
+
+    def plot(self, roc: bool = True, ax: Any = None) -> Any:
+        """A matplotlib Figure of `objectiveHistory` and, for a binary classifier, its
+        training ROC beside it (`roc`); with `ax`, the history drawn into that Axes.
+
+        Needs matplotlib (``pip install 'spark-ps[plot]'``)."""
+        return plot_summary(self, roc=roc, ax=ax)

@@ -15,6 +15,7 @@ from pyspark.ml import classification as _mllib
 from pyspark.sql import DataFrame
 
 from spark_ps import _jvm
+from spark_ps.ml._plot import PlotsHistory
 
 __all__ = [
     "LogisticRegressionSummary",
@@ -33,7 +34,7 @@ class BinaryLogisticRegressionSummary(_mllib.BinaryLogisticRegressionSummary):
     """Binary LR results on a dataset: MLlib's attributes, e.g. ``areaUnderROC``, ``roc``."""
 
 
-class _TrainingTrace:
+class _TrainingTrace(PlotsHistory):
     """Objective history and iteration count reported by our trainer, not by the JVM."""
 
     _objective_history: list[float]
@@ -53,14 +54,6 @@ class _TrainingTrace:
     def iterationTimestamps(self) -> list[float]:
         """Seconds since the fit started at each `objectiveHistory` entry (spark-ps only)."""
         return list(getattr(self, "_iteration_timestamps", []))
-
-    def plot(self, roc: bool = True, ax=None):
-        """A matplotlib Figure of `objectiveHistory` and, for a binary model, the training
-        ROC beside it (`roc`); with `ax`, the history drawn into that Axes (spark-ps only;
-        needs matplotlib: the ``[plot]`` extra)."""
-        from spark_ps.ml._plot import plot_summary
-
-        return plot_summary(self, roc=roc, ax=ax)
 
 
 class LogisticRegressionTrainingSummary(
