@@ -127,10 +127,11 @@ def test_the_cycle_finder_finds_a_cycle_and_no_false_one():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_the_graph_sees_deferred_and_relative_imports():
+def test_the_graph_sees_module_level_deferred_and_type_checking_imports():
     graph = import_graph()
     assert "spark_ps.client" in graph["spark_ps.models.tensors"]  # module level
     assert "spark_ps.worker_daemon" in graph["spark_ps.context"]  # inside a function
+    assert "ps_server.tensors" in graph["ps_server.replica"]  # under TYPE_CHECKING
     assert "ps_server.proto" not in graph and len(graph) > 60
 
 
