@@ -47,7 +47,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import numpy as np
@@ -67,7 +67,18 @@ from ps_server.wire import TOKEN_KEY, RequestError
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-    from ps_server.shard import ShardServicer
+    from ps_server.tensors import Tensor
+
+
+class ReplicatedShard(Protocol):
+    """What a replica needs of its shard (``ps_server.shard.ShardServicer``), which holds
+    the replica: the shard's index, its models, and adopting a seeded state."""
+
+    index: int
+    models: dict[str, Tensor]
+
+    def adopt(self, models: dict[str, Tensor]) -> None: ...
+
 
 __all__ = ["Replica", "REQUEST_ID_KEY", "MUTATIONS", "request_id", "digest", "retry_horizon"]
 
@@ -121,7 +132,7 @@ class Replica:
 
     def __init__(
         self,
-        servicer: ShardServicer,
+        servicer: ReplicatedShard,
         role: str,
         coordinator: str = "",
         token: str = "",

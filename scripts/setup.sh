@@ -16,6 +16,20 @@ mkdir -p .spark_home
 for d in bin jars sbin python; do
   [ -e ".spark_home/$d" ] || ln -s "$PYSPARK_DIR/$d" ".spark_home/$d"
 done
+# Headless Chromium for the status page's browser test (tests/test_status_page_browser.py,
+# which is skipped without /usr/bin/chromium): from Debian when apt-get can be used.
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=""
+  [ "$(id -u)" = "0" ] || SUDO="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || $SUDO true 2>/dev/null; } \
+    && DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-dejavu-core \
+      >/dev/null; then
+    echo "setup: chromium installed (apt-get)"
+  else
+    echo "setup: chromium not installed (no apt-get or no root): the browser test will skip"
+  fi
+fi
 # The bridge is built against the venv's pyspark (the system python has none on a fresh
 # machine); a failed build fails the set-up rather than leaving the jar silently missing.
 PYTHON="$PWD/.venv/bin/python" bash scripts/build_jar.sh

@@ -18,3 +18,5 @@ NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR="$(mktemp -d)" .venv/bin/python -m pytest
 # The wheel, installed alone into a fresh venv (no Gradle, no checkout), fits and exports.
 bash scripts/wheel_check.sh
 .venv/bin/python -m pytest -q -m slow --durations=25 "$@"
+# what the tests leave for a person to look at (the status page's screenshot, ...)
+echo "test.sh: CI artefacts in $PWD/ci-artifacts/: $(ls ci-artifacts 2>/dev/null | tr '\n' ' ')"

@@ -49,6 +49,12 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
                            ``/status.json``, Prometheus ``/metrics``) on this port of
                            its address (0: any free port; default: none); the URL is
                            logged and kept in ``PSContext.ui_url``
+``spark.ps.progress``      ``false`` hides a fit's progress bar, ``true`` shows it even when
+                           stderr is not a terminal (default ``auto``: in a terminal or a
+                           notebook); read from the session's conf at each fit
+``spark.ps.logDir``        each fit writes its curves (loss per iteration, ...) as
+                           TensorBoard event files into ``<logDir>/<fit id>/`` (needs the
+                           ``[tensorboard]`` extra; default: none); read at each fit
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
 =========================  ==========================================================
@@ -71,6 +77,7 @@ from ps_server.auth import is_loopback, new_token
 from ps_server.service import READY_PREFIX, UI_PREFIX
 from ps_server.tls import read_pem
 from spark_ps.client import PSClient
+from spark_ps.models.tensors import use_active_context
 
 __all__ = ["PSContext"]
 
@@ -600,3 +607,7 @@ def _read_ready(proc: subprocess.Popen, timeout: float) -> tuple[str, str | None
             f"(exit code {proc.returncode}); see its stderr above"
         )
     return box[0], (ui[0] if ui else None)
+
+
+# handles made without context= use the active PSContext
+use_active_context(PSContext.active)

@@ -39,10 +39,11 @@ from ps_server.lifecycle import keep_freed_memory
 from ps_server.waiting import MAX_WAIT_SECONDS
 from spark_ps.client import PSUnreachable, get_client
 from spark_ps.client.reach import reaches, unreachable_in
-from spark_ps.ml._recovery import ShardRestarted
 
 __all__ = [
     "PSJob",
+    "ShardRestarted",
+    "job_description",
     "best_effort",
     "WorkerContext",
     "run_worker_loop",
@@ -331,6 +332,18 @@ def _latest(client, topic: str) -> dict | None:
         raise
 
 
+class ShardRestarted(RuntimeError):
+    """A PS shard restarted during a fit: results since the last check are suspect
+    (`spark_ps.ml._recovery` rolls the fit back)."""
+
+
+def job_description(name: str, ps) -> str:
+    """The fit's Spark job description, as the Spark UI shows it: with the PS status page's
+    URL when the PS serves one (``spark.ps.uiPort``; never the token)."""
+    url = getattr(ps, "ui_url", None)
+    return f"spark-ps {name}: worker loop" + (f" · PS status page {url}" if url else "")
+
+
 class PSJob:
     """Driver side of one fit: launch the barrier job, post commands, collect answers."""
 
@@ -356,7 +369,7 @@ class PSJob:
         self._thread = threading.Thread(target=self._run, name=f"spark-ps {name}", daemon=True)
 
     def _run(self) -> None:
-        self._sc.setJobDescription(f"spark-ps {self.name}: worker loop")
+        self._sc.setJobDescription(job_description(self.name, self.ps))
         conf = self._df.sparkSession.conf
         with self._cap_lock:
             try:  # read as the job is planned, for its retries too

@@ -39,12 +39,10 @@ import copy
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from ps_server.checkpoint import read_manifest, sealed_versions
-
-if TYPE_CHECKING:
-    from spark_ps.ml._job import PSJob
+from spark_ps.ml._job import PSJob, ShardRestarted
 
 __all__ = ["FitRecovery", "ShardRestarted", "MAX_RESTORES", "redo_on_restart"]
 
@@ -58,10 +56,6 @@ MAX_RESTORES = 5
 #: off, a shard restart fails a fit without PS checkpoints. Only bench/ft_cost.py turns it
 #: off, to measure what it costs.
 DEFAULT_RECOVERY = True
-
-
-class ShardRestarted(RuntimeError):
-    """A PS shard restarted during a fit: results since the last check are suspect."""
 
 
 class FitRecovery:

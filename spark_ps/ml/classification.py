@@ -15,7 +15,7 @@ from spark_ps.ml.linear.svc import (
     LinearSVCSummary,
     LinearSVCTrainingSummary,
 )
-from spark_ps.ml.lr import distributed as _lbfgs  # noqa: F401 - registers the lbfgs trainer
+from spark_ps.ml.lr import lbfgs as _lbfgs  # noqa: F401 - registers the lbfgs trainer
 from spark_ps.ml.lr import minibatch as _minibatch  # noqa: F401 - registers sgd/adam/ftrl
 from spark_ps.ml.lr.estimator import LogisticRegression
 from spark_ps.ml.lr.model import LogisticRegressionModel

@@ -9,6 +9,8 @@ the contract written once in `spark_ps.client.client`.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,10 +21,24 @@ __all__ = ["PSTensor", "PSVector", "PSMatrix", "PSEmbedding"]
 MAX_KEY = 2**63 - 1
 
 
-def _context(context):
-    from spark_ps.context import PSContext
+#: The active PS connection (``PSContext.active``) for handles made without ``context=``:
+#: set by ``spark_ps.context`` (which sits above the models and imports them, never the
+#: other way round) through `use_active_context`.
+_active_context: Callable[[], Any] | None = None
 
-    return context if context is not None else PSContext.active()
+
+def use_active_context(active: Callable[[], Any]) -> None:
+    """Handles made without ``context=`` use what `active()` returns (a PSContext)."""
+    global _active_context
+    _active_context = active
+
+
+def _context(context):
+    if context is not None:
+        return context
+    if _active_context is None:
+        raise RuntimeError("no active PSContext: call PSContext.getOrCreate(spark) first")
+    return _active_context()
 
 
 class PSTensor:

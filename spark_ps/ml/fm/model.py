@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame
 
 from ps_server.storage import init_values
 from spark_ps.data import CSRBatch
+from spark_ps.ml._plot import PlotsHistory
 from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowRegressionScoring, ArrowScoring
 from spark_ps.ml.fm.params import _FactorizationMachinesParams
 from spark_ps.ml.fm.worker import fm_forward
@@ -223,7 +224,7 @@ class FMClassificationSummary(_mllib.FMClassificationSummary):
 
 
 class FMClassificationTrainingSummary(
-    FMClassificationSummary, _mllib.FMClassificationTrainingSummary
+    PlotsHistory, FMClassificationSummary, _mllib.FMClassificationTrainingSummary
 ):
     """FM classifier training results: MLlib's metrics plus our optimizer trace."""
 

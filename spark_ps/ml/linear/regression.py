@@ -20,6 +20,7 @@ from pyspark.ml.util import HasTrainingSummary
 from pyspark.sql import DataFrame
 
 from spark_ps import _jvm
+from spark_ps.ml._plot import PlotsHistory
 from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowRegressionScoring
 from spark_ps.ml.linear.common import (
     LinearCoefficients,
@@ -46,7 +47,7 @@ class LinearRegressionSummary(_mllib.LinearRegressionSummary):
 
 
 class LinearRegressionTrainingSummary(
-    LinearRegressionSummary, _mllib.LinearRegressionTrainingSummary
+    PlotsHistory, LinearRegressionSummary, _mllib.LinearRegressionTrainingSummary
 ):
     """Linear regression training results (MLlib's metrics, objective history, iterations)."""
 

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_ps import _jvm
+from spark_ps.ml._plot import PlotsHistory
 from spark_ps.ml.base import (
     ArraysReadable,
     ArraysWritable,
@@ -49,7 +50,7 @@ class LinearSVCSummary(_mllib.LinearSVCSummary):
     """LinearSVC results on a dataset: MLlib's binary classification metrics."""
 
 
-class LinearSVCTrainingSummary(LinearSVCSummary, _mllib.LinearSVCTrainingSummary):
+class LinearSVCTrainingSummary(PlotsHistory, LinearSVCSummary, _mllib.LinearSVCTrainingSummary):
     """LinearSVC training results (MLlib's metrics, objective history, iterations)."""
 
 

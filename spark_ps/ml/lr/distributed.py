@@ -30,7 +30,7 @@ from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of, minimize_lbfgsb
-from spark_ps.ml.lr.estimator import TrainResult, check_label_counts, register_trainer
+from spark_ps.ml.lr.estimator import TrainResult, check_label_counts
 from spark_ps.ml.lr.objective import (
     build_lr_vectors,
     finish_objective,
@@ -42,7 +42,7 @@ from spark_ps.ml.lr.ps_space import PSVecSpace
 from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 from spark_ps.models import PSMatrix, PSVector
 
-__all__ = ["train_lbfgs"]
+__all__ = ["train_lbfgs_binomial"]
 
 log = logging.getLogger("spark_ps.ml.lr")
 
@@ -252,9 +252,9 @@ def _key_space(
     return _KeySpace(keyset, int(sum(counts)), num_features, dense, touched)
 
 
-def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
-    """Fit MLlib's binomial objective on the PS; the `lbfgs` trainer of LogisticRegression
-    (a multinomial fit, ``params["multinomial"]``, goes to `train_lbfgs_multinomial`).
+def train_lbfgs_binomial(prepared: PreparedData, params: dict) -> TrainResult:
+    """Fit MLlib's binomial objective on the PS (the `lbfgs` trainer of LogisticRegression,
+    ``spark_ps.ml.lr.lbfgs``, for a binomial fit).
 
     The solver runs over the K keys the data touches (an untouched feature has zero
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
@@ -262,16 +262,6 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     shard restart without PS checkpoints, a copy of the iterate every
     ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`).
     """
-    if params.get("multinomial"):
-        from spark_ps.ml.lr.multinomial import train_lbfgs_multinomial
-
-        bounded = [n for n in BOUND_PARAMS if params.get(n) is not None]
-        if bounded:
-            raise NotImplementedError(
-                f"bound constraints ({', '.join(bounded)}) are supported for the binomial "
-                "family only; the multinomial fit would ignore them"
-            )
-        return train_lbfgs_multinomial(prepared, params)
     phases = _Phases(time.perf_counter())
     spark = prepared.df.sparkSession
     ps = PSContext.getOrCreate(spark)
@@ -457,6 +447,3 @@ def _result(ks: _KeySpace, keys, coef, intercept, history, iters) -> TrainResult
     return TrainResult(
         coef[nz], intercept, history, iters, keys=keys[nz], num_features=ks.num_features
     )
-
-
-register_trainer("lbfgs", train_lbfgs)

@@ -144,7 +144,7 @@ class _SoftmaxFit:
 def train_lbfgs_multinomial(prepared: PreparedData, params: dict) -> TrainResult:
     """Fit MLlib's multinomial objective on the PS (``params["numClasses"]`` classes).
 
-    Recovery as the binomial fit's (`spark_ps.ml.lr.distributed.train_lbfgs`): set-up
+    Recovery as the binomial fit's (`spark_ps.ml.lr.distributed.train_lbfgs_binomial`): set-up
     inside the attempt, so a shard restart at any moment redoes what it lost, and a warm
     restart from the iterate the driver held (up to 2^27 coefficients, keys x classes)."""
     phases = _Phases(time.perf_counter())

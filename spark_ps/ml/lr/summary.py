@@ -15,6 +15,7 @@ from pyspark.ml import classification as _mllib
 from pyspark.sql import DataFrame
 
 from spark_ps import _jvm
+from spark_ps.ml._plot import PlotsHistory
 
 __all__ = [
     "LogisticRegressionSummary",
@@ -33,7 +34,7 @@ class BinaryLogisticRegressionSummary(_mllib.BinaryLogisticRegressionSummary):
     """Binary LR results on a dataset: MLlib's attributes, e.g. ``areaUnderROC``, ``roc``."""
 
 
-class _TrainingTrace:
+class _TrainingTrace(PlotsHistory):
     """Objective history and iteration count reported by our trainer, not by the JVM."""
 
     _objective_history: list[float]
