@@ -265,12 +265,6 @@ def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     if params.get("multinomial"):
         from spark_ps.ml.lr.multinomial import train_lbfgs_multinomial
 
-        bounded = [n for n in BOUND_PARAMS if params.get(n) is not None]
-        if bounded:
-            raise NotImplementedError(
-                f"bound constraints ({', '.join(bounded)}) are supported for the binomial "
-                "family only; the multinomial fit would ignore them"
-            )
         return train_lbfgs_multinomial(prepared, params)
     phases = _Phases(time.perf_counter())
     spark = prepared.df.sparkSession
