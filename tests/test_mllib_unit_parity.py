@@ -184,9 +184,9 @@ def test_linear_svc(four, tmp_path):
 
 @pytest.mark.parametrize("solver", ["normal", "l-bfgs"])
 def test_linear_regression(spark, tmp_path, solver):
-    """pyspark's test_linear_regression (solver='normal'); our 'normal' runs the same L-BFGS
-    to the same optimum, so everything but the normal equations' statistics
-    (coefficientStandardErrors, tValues, pValues) is compared."""
+    """pyspark's test_linear_regression (solver='normal'); our 'normal' runs L-BFGS to MLlib's
+    closed-form optimum, and its summary has the normal equations' statistics
+    (coefficientStandardErrors, tValues, pValues), compared to 1e-6 relative."""
     from pyspark.ml import regression as mllib_reg
 
     from spark_ps.ml.regression import LinearRegression, LinearRegressionModel
@@ -231,6 +231,8 @@ def test_linear_regression(spark, tmp_path, solver):
     if solver == "normal":  # closed form in MLlib: no iterations, whatever maxIter says
         assert s.objectiveHistory == r.objectiveHistory == [0.0]
         assert s.totalIterations == r.totalIterations == 0
+        for name in ("coefficientStandardErrors", "tValues", "pValues"):
+            np.testing.assert_allclose(getattr(s, name), getattr(r, name), rtol=1e-6, err_msg=name)
     s2 = model.evaluate(df)
     assert s2.rootMeanSquaredError == pytest.approx(s.rootMeanSquaredError, rel=1e-12)
     _round_trip(est, model, tmp_path, LinearRegression, LinearRegressionModel)
