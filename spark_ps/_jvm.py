@@ -94,17 +94,20 @@ def linear_regression_summary(
     fit_intercept: bool,
     estimates,
     objective_history=None,
+    diag_inv_atwa=None,
 ) -> JavaObject:
     """MLlib's own ``LinearRegression(Training)Summary`` over ``predictions``.
 
     ``weight_col`` "" means weight 1.0; ``estimates`` are the coefficients (and the intercept
-    last when fitted). ``diagInvAtWA`` is MLlib's ``[0.0]`` of its l-bfgs solver, so the
-    coefficients' standard errors, t- and p-values raise as MLlib's do there.
+    last when fitted). ``diag_inv_atwa`` is MLlib's ``diagInvAtWA`` of a normal-equations
+    fit (its summary derives the coefficients' standard errors, t- and p-values from it);
+    None gives MLlib's ``[0.0]`` of its l-bfgs solver, where they raise as MLlib's do.
     """
     spark = predictions.sparkSession
     pkg = _jvm(spark).org.apache.spark.ml.regression
     head = (predictions._jdf, prediction_col, label_col, features_col, weight_col)
-    head += (int(num_features), bool(fit_intercept), _java_doubles(spark, [0.0]))
+    diag = [0.0] if diag_inv_atwa is None else [float(v) for v in diag_inv_atwa]
+    head += (int(num_features), bool(fit_intercept), _java_doubles(spark, diag))
     coefs = _java_doubles(spark, estimates)
     if objective_history is None:
         return pkg.LinearRegressionSummary(*head, coefs)

@@ -149,3 +149,51 @@ def test_a_task_failing_once_mid_fit_gives_the_clean_coefficients(spark_ps, tmp_
     np.testing.assert_array_equal(retried.coefficients.toArray(), clean.coefficients.toArray())
     assert retried.intercept == clean.intercept
     # (the summary needs the bridge jar built from this tree; the model is what counts)
+
+
+@pytest.fixture(scope="module")
+def normal_df(spark):
+    """300 weighted rows, 4 features of different scales (none constant), the last without
+    effect on the label (so its p-value is far from 0)."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 4)) * np.array([1.0, 3.0, 0.5, 2.0]) + np.array([0.5, -1, 2, 0])
+    y = X @ np.array([1.0, -0.4, 0.3, 0.0]) + 0.7 + rng.normal(size=300)  # x3: no effect
+    w = rng.uniform(0.5, 2.0, 300)
+    rows = [(float(y[i]), float(w[i]), Vectors.dense(X[i])) for i in range(300)]
+    return spark.createDataFrame(rows, ["label", "weight", "features"]).cache()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(solver="normal"),
+        dict(solver="normal", weightCol="weight"),
+        dict(solver="auto", regParam=0.2, weightCol="weight"),
+        dict(solver="normal", regParam=0.2, standardization=False),
+        dict(solver="normal", fitIntercept=False, weightCol="weight"),
+    ],
+    ids=["plain", "weighted", "auto-ridge", "ridge-unstandardized", "no-intercept"],
+)
+def test_normal_equation_statistics_are_mllibs(normal_df, params):
+    """Where MLlib solves the normal equations its training summary has the coefficients'
+    standard errors, t- and p-values (from the diagonal of (A^T W A)^-1, with the ridge
+    term when regularized); ours gives the same within 1e-6 relative (the coefficients agree
+    to ~1e-10, and the statistics are smooth in them). p-values near 0 are compared to an
+    absolute 1e-12 (they are probabilities)."""
+    ours = LinearRegression(**params).fit(normal_df)
+    ref = MLlibLinReg(**params).fit(normal_df)
+    s, r = ours.summary, ref.summary
+    assert len(s.coefficientStandardErrors) == 4 + int(params.get("fitIntercept", True))
+    for name in ("coefficientStandardErrors", "tValues"):
+        np.testing.assert_allclose(getattr(s, name), getattr(r, name), rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(s.pValues, r.pValues, rtol=1e-6, atol=1e-12)
+    assert r.pValues[3] > 1e-3  # the feature without effect: a p-value the test can see
+    with pytest.raises(Exception, match="No Std. Error"):  # evaluate() has none, as MLlib's
+        ours.evaluate(normal_df).coefficientStandardErrors  # noqa: B018
+
+
+def test_lbfgs_and_constant_features_have_no_normal_equation_statistics(normal_df, spark):
+    """MLlib's l-bfgs summary has no standard errors; nor has ours (as before)."""
+    s = LinearRegression(solver="l-bfgs").fit(normal_df).summary
+    with pytest.raises(Exception, match="No Std. Error"):
+        s.coefficientStandardErrors  # noqa: B018

@@ -233,8 +233,8 @@ def test_bad_labels_are_refused_and_change_nothing(spark_ps, blobs):
         LogisticRegression(maxIter=3, family="binomial").fit(blobs)
     with pytest.raises(ValueError, match="numClasses=4, but thresholds has length 2"):
         LogisticRegression(maxIter=3, thresholds=[0.5, 0.5]).fit(blobs)
-    bounds = DenseMatrix(4, 6, [0.0] * 24)
-    with pytest.raises(NotImplementedError, match="lowerBoundsOnCoefficients"):
+    bounds = DenseMatrix(1, 6, [0.0] * 6)  # a binomial shape; 4 classes need (4, 6)
+    with pytest.raises(ValueError, match=r"lowerBoundsOnCoefficients.*here \(4, 6\).*\(1, 6\)"):
         LogisticRegression(maxIter=3, lowerBoundsOnCoefficients=bounds).fit(blobs)
     assert ps.client.models() == before
 

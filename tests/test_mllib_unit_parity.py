@@ -184,9 +184,9 @@ def test_linear_svc(four, tmp_path):
 
 @pytest.mark.parametrize("solver", ["normal", "l-bfgs"])
 def test_linear_regression(spark, tmp_path, solver):
-    """pyspark's test_linear_regression (solver='normal'); our 'normal' runs the same L-BFGS
-    to the same optimum, so everything but the normal equations' statistics
-    (coefficientStandardErrors, tValues, pValues) is compared."""
+    """pyspark's test_linear_regression (solver='normal'); our 'normal' runs L-BFGS to MLlib's
+    closed-form optimum, and its summary has the normal equations' statistics
+    (coefficientStandardErrors, tValues, pValues), compared to 1e-6 relative."""
     from pyspark.ml import regression as mllib_reg
 
     from spark_ps.ml.regression import LinearRegression, LinearRegressionModel
@@ -231,6 +231,110 @@ def test_linear_regression(spark, tmp_path, solver):
     if solver == "normal":  # closed form in MLlib: no iterations, whatever maxIter says
         assert s.objectiveHistory == r.objectiveHistory == [0.0]
         assert s.totalIterations == r.totalIterations == 0
+        for name in ("coefficientStandardErrors", "tValues", "pValues"):
+            np.testing.assert_allclose(getattr(s, name), getattr(r, name), rtol=1e-6, err_msg=name)
     s2 = model.evaluate(df)
     assert s2.rootMeanSquaredError == pytest.approx(s.rootMeanSquaredError, rel=1e-12)
     _round_trip(est, model, tmp_path, LinearRegression, LinearRegressionModel)
+
+
+@pytest.fixture(scope="module")
+def fm_four(spark):
+    """pyspark's FMRegressor test rows: two features, one partition in index order."""
+    return (
+        spark.createDataFrame(
+            [
+                (1, 1.0, Vectors.dense(0.0, 0.0)),
+                (2, 1.0, Vectors.dense(1.0, 2.0)),
+                (3, 2.0, Vectors.dense(0.0, 0.0)),
+                (4, 2.0, Vectors.dense(1.0, 1.0)),
+            ],
+            ["index", "label", "features"],
+        )
+        .coalesce(1)
+        .sortWithinPartitions("index")
+        .select("label", "features")
+    )
+
+
+def test_fm_regressor(fm_four, tmp_path):
+    """pyspark's test_factorization_machine (FMRegressor, factorSize=2, maxIter=1,
+    regParam=1.0, seed=1, adamW with stepSize 1.0), against MLlib.
+
+    One adamW step moves every coordinate by stepSize * g / (|g| + eps), i.e. by +-1 up to
+    ~1e-8. The intercept and linear weights start at 0 and their gradients' signs do not
+    depend on the ~0.01 random factors, so they equal MLlib's whatever the start; so does
+    the prediction of (0, 5), which has no pair of non-zero features. The factors' signs are
+    the signs of their gradients, which depend on the random start: ours is drawn from the
+    key (the PS's lazy rows), MLlib's from its generator, so from our own start the factors
+    equal MLlib's in magnitude only; started from MLlib's initial factors (MLlib's own fit
+    with maxIter=0) every number and prediction equals MLlib's."""
+    from pyspark.ml import regression as mllib_reg
+
+    from spark_ps.ml.regression import FMRegressionModel, FMRegressor
+
+    params = dict(factorSize=2, maxIter=1, regParam=1.0, seed=1)
+    fm = FMRegressor(**params)
+    assert (fm.getFactorSize(), fm.getMaxIter(), fm.getRegParam(), fm.getSeed()) == (2, 1, 1.0, 1)
+    model = fm.fit(fm_four)
+    ref = mllib_reg.FMRegressor(**params).fit(fm_four)
+    assert model.uid == fm.uid and model.numFeatures == ref.numFeatures == 2
+    assert model.intercept == pytest.approx(ref.intercept, abs=1e-4)
+    np.testing.assert_allclose(model.linear.toArray(), ref.linear.toArray(), atol=1e-4)
+    ours_f, ref_f = model.factors.toArray(), ref.factors.toArray()
+    np.testing.assert_allclose(np.abs(ours_f), np.abs(ref_f), atol=1e-4)
+    assert np.abs(ref_f).min() > 0.99  # every factor took its full step
+    assert model.predict(VEC) == pytest.approx(ref.predict(VEC), abs=1e-4)
+    assert model.transform(fm_four).columns == ref.transform(fm_four).columns
+    assert model.transform(fm_four).count() == 4
+
+    same = FMRegressor(**params)
+    same._initial_factors = mllib_reg.FMRegressor(**{**params, "maxIter": 0}).fit(fm_four).factors
+    same._initial_factors = same._initial_factors.toArray()
+    from_mllib = same.fit(fm_four)
+    np.testing.assert_allclose(from_mllib.factors.toArray(), ref_f, rtol=1e-8, atol=1e-12)
+
+    def predictions(m):
+        return np.array([r.prediction for r in m.transform(fm_four).collect()])
+
+    np.testing.assert_allclose(predictions(from_mllib), predictions(ref), rtol=1e-8, atol=1e-12)
+    _round_trip(fm, model, tmp_path, FMRegressor, FMRegressionModel)
+
+
+def test_fm_classification_summary(spark):
+    """pyspark's test_fm_classification_summary (FMClassifier(maxIter=5) on four rows of one
+    feature), against MLlib. With one feature no row has a pair of non-zero features, so the
+    random factors never enter a prediction or a gradient: the fit is MLlib's whatever the
+    start, to summation-order rounding (1e-9), and so is every summary number."""
+    df = spark.createDataFrame(
+        [
+            (1.0, Vectors.dense(2.0)),
+            (0.0, Vectors.dense(2.0)),
+            (0.0, Vectors.dense(6.0)),
+            (1.0, Vectors.dense(3.0)),
+        ],
+        ["label", "features"],
+    ).coalesce(1)
+    model = ours_clf.FMClassifier(maxIter=5).fit(df)
+    ref = mllib_clf.FMClassifier(maxIter=5).fit(df)
+    assert model.hasSummary
+    s, r = model.summary(), ref.summary()
+    assert isinstance(s.predictions, DataFrame)
+    assert (s.scoreCol, s.labelCol, s.predictionCol) == ("probability", "label", "prediction")
+    assert isinstance(s.objectiveHistory, list) and isinstance(s.objectiveHistory[0], float)
+    np.testing.assert_allclose(s.objectiveHistory, r.objectiveHistory, rtol=1e-9)
+    assert s.totalIterations == r.totalIterations > 0
+    assert s.labels == r.labels
+    for name in (
+        "truePositiveRateByLabel",
+        "falsePositiveRateByLabel",
+        "precisionByLabel",
+        "recallByLabel",
+    ):
+        np.testing.assert_allclose(getattr(s, name), getattr(r, name), rtol=1e-9, err_msg=name)
+    for name in ("accuracy", "weightedPrecision", "weightedRecall", "areaUnderROC"):
+        assert getattr(s, name) == pytest.approx(getattr(r, name), rel=1e-9), name
+    assert model.intercept == pytest.approx(ref.intercept, rel=1e-9)
+    np.testing.assert_allclose(model.linear.toArray(), ref.linear.toArray(), rtol=1e-9)
+    same = model.evaluate(df)
+    assert same.accuracy == pytest.approx(s.accuracy, rel=1e-12)

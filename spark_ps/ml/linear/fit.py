@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,6 +82,9 @@ class LinearFit:
     total_iterations: int
     keys: np.ndarray | None
     num_features: int
+    #: MLlib's ``diagInvAtWA`` (normal equations: the diagonal of ``(A^T W A)^-1``, from which
+    #: its summary derives standard errors, t- and p-values); ``[0.0]``: not available.
+    diag_inv_atwa: list[float] = field(default_factory=lambda: [0.0])
 
 
 @dataclass
@@ -212,6 +215,14 @@ class _Solve:
         if extras:
             mask.update(np.array(extras, dtype=np.int64), np.zeros(len(extras)))
         reg = p.reg_param / y_std if p.loss == "squaredError" else p.reg_param
+        if _normal_equations(p, int(self.ks.num_features)) and labels.weight_sum > 0:
+            # MLlib's normal equations scale the ridge term by population (biased) variances
+            # where its L-BFGS uses unbiased ones: var_pop = c * var_unbiased, with MLlib's
+            # weighted c = 1 - sum(w^2) / sum(w)^2, so the same optimum needs reg * sqrt(c)
+            # (the features' variances and the label's std) or reg / sqrt(c) (the label's only)
+            c = 1.0 - labels.weight_sq_sum / labels.weight_sum**2
+            if c > 0:
+                reg = reg * math.sqrt(c) if p.standardization else reg / math.sqrt(c)
         vecs = build_lr_vectors(
             space,
             mean,
@@ -240,11 +251,52 @@ class _Solve:
             )
             fit = self._result(res, vecs, centered, mean, y_mean, y_std)
             fit.objective_history, fit.total_iterations = [0.0], 0
+            fit.diag_inv_atwa = self._diag_inv_atwa()
             return fit
         res = minimize_lbfgs(
             space, evaluate, x, max_iter=p.max_iter, tol=p.tol, m=10, l1=l1, **hooks
         )
         return self._result(res, vecs, centered, mean, y_mean, y_std)
+
+    def _diag_inv_atwa(self) -> list[float]:
+        """MLlib's ``diagInvAtWA`` of a normal-equations fit: the diagonal of the inverse of
+        ``A^T W A`` (``A`` = the features, and a column of ones when an intercept is fitted)
+        plus the L2 term ``wSum * regParam / std_y * D`` that MLlib's WeightedLeastSquares
+        adds (``D`` = the features' variances, or 1 without standardization; population
+        variances, weighted, as WeightedLeastSquares computes them), in the original space.
+        ``[0.0]`` (MLlib's "not available") when the matrix is singular or the fit has more
+        than MLlib's 4096 features or a hashed key space."""
+        p, ks, space = self.p, self.ks, self.space
+        k = ks.size
+        if ks.keyset is not None or k > NORMAL_MAX_FEATURES:
+            return [0.0]
+        gram = PSMatrix.dense(k + 2, k + 2, name=f"{space.prefix}/gram", context=space.context)
+        try:
+            r, _ = self.job.call("linear_gram", keyset=None, gram=gram.name, dim=k)
+            gram.reduce(r)
+            G = np.asarray(gram.pull(np.arange(k + 2, dtype=np.int64)), dtype=np.float64)
+        finally:
+            best_effort("dropping the Gram matrix", gram.drop)
+        wsum = G[k, k]
+        mean = G[k, :k] / wsum
+        var = np.diag(G)[:k] / wsum - mean * mean
+        y_mean = G[k, k + 1] / wsum
+        y_var = G[k + 1, k + 1] / wsum - y_mean * y_mean
+        idx = np.arange(k + int(p.fit_intercept))
+        A = G[np.ix_(idx, idx)].copy()
+        if p.reg_param != 0.0 and y_var > 0.0:
+            l2 = (1.0 - p.elastic_net) * p.reg_param / math.sqrt(y_var)
+            scale = var if p.standardization else np.ones(k)
+            A[np.arange(k), np.arange(k)] += wsum * l2 * scale
+        if np.any(var <= 0.0):  # a constant feature: singular with an intercept
+            return [0.0]
+        try:
+            inv_diag = np.diag(np.linalg.inv(A))
+        except np.linalg.LinAlgError:
+            return [0.0]
+        if not np.all(np.isfinite(inv_diag)) or np.any(inv_diag <= 0.0):
+            return [0.0]
+        return [float(v) for v in inv_diag]
 
     def _initial_point(self, centered):
         """MLlib's start: zeros; huber starts every coefficient and the intercept at 1 (the

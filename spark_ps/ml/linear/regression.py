@@ -101,9 +101,12 @@ class LinearRegression(
     Every solver (``auto``, ``normal``, ``l-bfgs``) runs MLlib's L-BFGS (OWL-QN with an L1
     part) over PS vectors. Where MLlib would solve the normal equations in closed form
     (``normal``, or ``auto`` up to 4096 features, squared error, no elastic-net mix) the
-    solver iterates to convergence whatever ``maxIter``/``tol`` say and the summary's
-    ``objectiveHistory`` is MLlib's ``[0.0]``: the same optimum, but no coefficient
-    standard errors, t- or p-values. ``aggregationDepth``
+    solver iterates to convergence whatever ``maxIter``/``tol`` say (with MLlib's
+    normal-equation ridge scaling, population variances), the summary's
+    ``objectiveHistory`` is MLlib's ``[0.0]``, and the training summary has MLlib's
+    ``coefficientStandardErrors``, ``tValues`` and ``pValues`` (from one more pass that
+    sums the weighted Gram matrix on the PS; not for hashed key spaces, or when a feature
+    is constant). ``aggregationDepth``
     and ``maxBlockSizeInMB`` are accepted and have no effect (no tree aggregation, no
     blocks: each partition's rows are one matrix in its worker).
 
@@ -233,6 +236,7 @@ class LinearRegression(
         model._resetUid(self.uid)
         self._copyValues(model)
         model._training = (dataset, fit.objective_history, fit.total_iterations)
+        model._diag_inv_atwa = fit.diag_inv_atwa
         return model
 
 
@@ -324,6 +328,9 @@ class LinearRegressionModel(
         estimates = self.coefficients.toArray() if self.numFeatures <= 1 << 24 else [0.0]
         if fit_intercept:
             estimates = np.append(estimates, self.intercept)
+        # the normal equations' diagonal gives the training summary MLlib's standard errors,
+        # t- and p-values; evaluate() has none, as MLlib's
+        diag = getattr(self, "_diag_inv_atwa", None) if history is not None else None
         java = _jvm.linear_regression_summary(
             model.transform(dataset),
             model.getPredictionCol(),
@@ -334,6 +341,7 @@ class LinearRegressionModel(
             fit_intercept,
             estimates,
             history,
+            diag_inv_atwa=diag,
         )
         cls = LinearRegressionSummary if history is None else LinearRegressionTrainingSummary
         return cls(java)

@@ -1,5 +1,6 @@
 """The linear models' worker rounds: ``dims`` and ``keys`` as LogisticRegression's, then
-``linear_stats`` (feature and label statistics) and ``linear_grad`` (one loss-and-gradient pass).
+``linear_stats`` (feature and label statistics), ``linear_grad`` (one loss-and-gradient pass)
+and ``linear_gram`` (the weighted Gram matrix of the normal equations' statistics).
 
 No ``pyspark.ml`` in this import chain (see :mod:`spark_ps.ml.lr.rounds`).
 """
@@ -12,7 +13,7 @@ import numpy as np
 
 from spark_ps.ml._job import WorkerContext
 from spark_ps.ml.linear import losses
-from spark_ps.ml.lr.objective import feature_stats
+from spark_ps.ml.lr.objective import _scipy_csr, feature_stats
 from spark_ps.ml.lr.rounds import HANDLERS as _LR_HANDLERS
 from spark_ps.ml.lr.rounds import compact
 
@@ -90,9 +91,36 @@ def _linear_grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     ctx.contribute(round_, [loss_sum, wsum, grad_offset])
 
 
+def _linear_gram(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """This partition's weighted Gram matrix ``A^T W A`` of ``A = [X, 1, y]`` (features by
+    compact id, then a column of ones, then the label) into the ``[k+2, k+2]`` PS matrix
+    ``cmd["gram"]``, exactly once: the rows of this partition's keys and the last two."""
+    ids, local = compact(ctx, cmd["keyset"])
+    k = int(cmd["dim"])
+    n = local.n_rows
+    X = _scipy_csr(local, ids.size)
+    w = np.ones(n) if local.weights is None else local.weights
+    wx = X.multiply(w[:, None]).tocsr() if hasattr(X, "multiply") else X * w[:, None]
+    xtwx = wx.T @ X
+    xtwx = xtwx.toarray() if hasattr(xtwx, "toarray") else np.asarray(xtwx)
+    y = local.labels
+    tail = np.column_stack([np.asarray(wx.sum(axis=0)).reshape(-1), wx.T @ y])  # [m, 2]
+    corner = np.array([[w.sum(), np.dot(w, y)], [np.dot(w, y), np.dot(w * y, y)]])
+    cols = np.concatenate([ids, [k, k + 1]]).astype(np.int64)
+    m = ids.size
+    rows = np.zeros((m + 2, k + 2))
+    rows[:m, cols[:m]] = xtwx
+    rows[:m, k:] = tail
+    rows[m:, cols[:m]] = tail.T
+    rows[m:, k:] = corner
+    ctx.tensor(cmd["gram"]).aggregate(cols, rows, round=round_, part=ctx.part)
+    ctx.contribute(round_, [float(n)])
+
+
 HANDLERS = {
     "dims": _LR_HANDLERS["dims"],
     "keys": _LR_HANDLERS["keys"],
     "linear_stats": _linear_stats,
     "linear_grad": _linear_grad,
+    "linear_gram": _linear_gram,
 }

@@ -5,7 +5,6 @@ registered with :func:`~spark_ps.ml.lr.estimator.register_trainer` on import."""
 from __future__ import annotations
 
 from spark_ps.ml.base import PreparedData
-from spark_ps.ml.lr.bounded import BOUND_PARAMS
 from spark_ps.ml.lr.distributed import train_lbfgs_binomial
 from spark_ps.ml.lr.estimator import TrainResult, register_trainer
 from spark_ps.ml.lr.multinomial import train_lbfgs_multinomial
@@ -15,15 +14,9 @@ __all__ = ["train_lbfgs"]
 
 def train_lbfgs(prepared: PreparedData, params: dict) -> TrainResult:
     """Fit MLlib's objective on the PS: multinomial when ``params["multinomial"]``."""
-    if not params.get("multinomial"):
-        return train_lbfgs_binomial(prepared, params)
-    bounded = [n for n in BOUND_PARAMS if params.get(n) is not None]
-    if bounded:
-        raise NotImplementedError(
-            f"bound constraints ({', '.join(bounded)}) are supported for the binomial "
-            "family only; the multinomial fit would ignore them"
-        )
-    return train_lbfgs_multinomial(prepared, params)
+    if params.get("multinomial"):
+        return train_lbfgs_multinomial(prepared, params)
+    return train_lbfgs_binomial(prepared, params)
 
 
 register_trainer("lbfgs", train_lbfgs)

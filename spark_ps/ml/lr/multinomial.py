@@ -8,7 +8,9 @@ pull of its keys brings all K coefficients of each, and its gradient goes back a
 push of the same rows. The driver runs the solver over the flat values; the centering's
 per-class sums are one ``linalg.col_dots`` and one ``linalg.col_axpy`` request per
 evaluation. The objective, start point and post-processing are MLlib's (see
-:mod:`spark_ps.ml.lr.softmax`).
+:mod:`spark_ps.ml.lr.softmax`). With bounds (``lower/upperBoundsOnCoefficients`` as a
+``[K, numFeatures]`` matrix, ``lower/upperBoundsOnIntercepts`` of K entries) the solver is
+the binomial fit's L-BFGS-B (:mod:`spark_ps.ml.lr.bounded`) over the flat values.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
+from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of, minimize_lbfgsb
 from spark_ps.ml.lr.distributed import (
     _key_space,
     _KeySpace,
@@ -108,9 +111,12 @@ class _SoftmaxFit:
         return mask
 
     def offsets(self, x, vecs) -> np.ndarray:
-        """Per-class margin offsets: intercept minus ``coef_k . scaled_mean`` (one request)."""
+        """Per-class margin offsets: intercept minus ``coef_k . scaled_mean`` (one request;
+        the intercepts themselves when not centered)."""
         if not self.fit_intercept:
             return np.zeros(self.K)
+        if vecs.scaled_mean is None:  # bounded intercepts: no virtual centering
+            return np.asarray(x.pull(np.array([self.rows - 1])), dtype=np.float64).reshape(-1)
         out = self.space.col_dots([(x, vecs.scaled_mean)], rows=[(x, self.rows - 1)])
         return out[self.K :] - out[: self.K]
 
@@ -132,7 +138,7 @@ class _SoftmaxFit:
             )
             loss, wsum, grad_b = float(out[0]), float(out[1]), np.asarray(out[5 : 5 + K])
             g.reduce(r)
-            if self.fit_intercept:  # the centering correction, per class
+            if vecs.scaled_mean is not None:  # the centering correction, per class
                 space.col_axpy(-grad_b, vecs.scaled_mean, g)
             return finish_objective(
                 space, x, g, vecs, loss_sum=loss, weight_sum=wsum, grad_intercept=0.0
@@ -188,7 +194,13 @@ def _set_up(
     fit = built["fit"] = _SoftmaxFit(job, space, ks, params)
     mean, std, hist = fit.stats()
     phases.mark("statistics")
-    if fit_intercept and np.count_nonzero(hist) == 1:
+    box = built["box"] = None
+    if any(params.get(name) is not None for name in BOUND_PARAMS):
+        keys, ids = ks.touched()
+        stds = np.asarray(std.pull(np.arange(ks.size))).reshape(ks.size, K)[:, 0]
+        box = box_of(params, ks.num_features, keys, ids, stds, fit_intercept, num_sets=K)
+        built["box"] = box
+    if fit_intercept and np.count_nonzero(hist) == 1 and box is None:  # MLlib trains if bounded
         log.warning("all labels are %d and fitIntercept=true: coefficients are 0", hist.argmax())
         empty = np.zeros((0, K))
         model = constant_label_model(hist)
@@ -204,6 +216,7 @@ def _set_up(
         elastic_net=params["elasticNetParam"],
         standardization=params["standardization"],
         fit_intercept=fit_intercept,
+        center=box is None or box.center,
     )
     x = built["x"] = space.new("x")
     if fit_intercept:
@@ -228,17 +241,31 @@ def _solve(
     bar = Progress("spark-ps LogisticRegression (multinomial)", int(params["maxIter"]))
     timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
-    res = minimize_lbfgs(
-        space,
-        timed_evaluate,
-        x,
-        max_iter=params["maxIter"],
-        tol=params["tol"],
-        m=10,
-        l1=vecs.l1_weight,
-        callback=progress,
-        **_resume_hooks(recovery, space, stamps, resume),
-    )
+    box = built.get("box")
+    if box is not None:  # after a restart: the fit starts over from set-up
+        del stamps[:]
+        res = minimize_lbfgsb(
+            space,
+            timed_evaluate,
+            x,
+            box,
+            max_iter=params["maxIter"],
+            tol=params["tol"],
+            m=10,
+            callback=progress,
+        )
+    else:
+        res = minimize_lbfgs(
+            space,
+            timed_evaluate,
+            x,
+            max_iter=params["maxIter"],
+            tol=params["tol"],
+            m=10,
+            l1=vecs.l1_weight,
+            callback=progress,
+            **_resume_hooks(recovery, space, stamps, resume),
+        )
     bar.close()
     phases.mark("iterations")
     built["x"] = res.x  # the solver's working vectors were swapped: release the live one
@@ -249,7 +276,11 @@ def _solve(
     coef = coef_h.pull(ids).reshape(-1, K) if keys.size else np.zeros((0, K))
     space.release(coef_h)
     coef, intercepts = finish_multinomial(
-        coef, intercepts, reg_param=params["regParam"], fit_intercept=fit_intercept
+        coef,
+        intercepts,
+        reg_param=params["regParam"],
+        fit_intercept=fit_intercept,
+        bounded=box is not None,
     )
     result = _result(ks, keys, coef, intercepts, list(res.objective_history), res.n_iter)
     result.iteration_timestamps = list(stamps)

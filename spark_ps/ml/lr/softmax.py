@@ -140,16 +140,24 @@ def initial_intercepts(class_weight: np.ndarray) -> np.ndarray:
 
 
 def finish_multinomial(
-    coef: np.ndarray, intercepts: np.ndarray, *, reg_param: float, fit_intercept: bool
+    coef: np.ndarray,
+    intercepts: np.ndarray,
+    *,
+    reg_param: float,
+    fit_intercept: bool,
+    bounded: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """MLlib's post-processing of a multinomial solution in the original space.
 
     ``coef`` is ``[rows, K]`` (a row per feature). Without regularization each feature's
     coefficients are centered over the classes; the intercepts are centered when fitted.
+    A bound-constrained solution is left as it is (centering could leave the box).
     """
     coef = np.array(coef, dtype=np.float64)
     b = np.array(intercepts, dtype=np.float64).reshape(-1)
     K = b.size
+    if bounded:
+        return coef, b
     if reg_param == 0.0 and coef.size:
         coef -= coef.sum(axis=1, keepdims=True) / K
     if fit_intercept:
