@@ -81,8 +81,29 @@ def test_gbt_reports_each_tree_and_its_training_and_validation_loss(spark, ui_ps
     kept = model.getNumTrees
     truth = model.evaluateEachIteration(df.filter("isVal"))
     assert np.allclose([p["validation loss"] for p in points][:kept], truth[:kept], rtol=1e-9)
+    # the validation AUC after each tree: the score histograms' AUC (ties within a bin count
+    # half) equals the one of the model's probabilities binned alike, and is within the
+    # bins' tie share of the exact AUC
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    from pyspark.ml.functions import vector_to_array
+
+    from spark_ps.ml.online.metrics import NUM_BINS, binned_auc
+
+    vdf = df.filter("isVal")
+    t = model.transform(vdf).select("label", vector_to_array("probability")[1].alias("p"))
+    arrow = t.toArrow()
+    label, p1 = arrow.column("label").to_numpy(), arrow.column("p").to_numpy()
+    bins = np.minimum((p1 * NUM_BINS).astype(np.int64), NUM_BINS - 1)
+    hist = [np.bincount(bins, weights=label == c, minlength=NUM_BINS) for c in (1.0, 0.0)]
+    page_auc = [p["validation auc"] for p in points]
+    assert page_auc[kept - 1] == pytest.approx(binned_auc(*hist), rel=1e-12)
+    exact = BinaryClassificationEvaluator(rawPredictionCol="probability").evaluate(
+        model.transform(vdf)
+    )
+    assert page_auc[kept - 1] == pytest.approx(exact, abs=0.01)
+    assert 0.7 < page_auc[kept - 1] <= 1.0
     assert f"tree {grown}/6" in html
-    for metric in ("train loss", "validation loss"):
+    for metric in ("train loss", "validation loss", "validation auc"):
         assert _svg_points(html, fit["fit"], metric) == grown
 
 
