@@ -45,7 +45,7 @@ from spark_ps.ml.tree.histogram import (
     unit_weight,
 )
 from spark_ps.ml.tree.local import TreeBuilder, features_per_node, route_rows
-from spark_ps.ml.tree.loss import LogLoss, margin_to_probability
+from spark_ps.ml.tree.loss import LogLoss
 
 __all__ = [
     "boost",
@@ -159,15 +159,12 @@ def validation_histograms(s: dict) -> np.ndarray:
     """The validation rows' weighted histograms of P(y=1) (``NUM_BINS`` equal bins on [0, 1],
     positives then negatives): summed over partitions, they give the validation AUC
     (:func:`~spark_ps.ml.online.metrics.binned_auc`). Empty on a partition without such rows."""
-    p1 = margin_to_probability(s["vpred"])[:, 1]
-    bins = np.minimum((p1 * NUM_BINS).astype(np.int64), NUM_BINS - 1)
-    pos = s["vlabels"] > 0
-    return np.concatenate(
-        [
-            np.bincount(bins, weights=s["wv"] * pos, minlength=NUM_BINS),
-            np.bincount(bins, weights=s["wv"] * ~pos, minlength=NUM_BINS),
-        ]
-    )
+    with np.errstate(over="ignore"):  # P(y=1) as the model's probability column has it
+        p1 = 1.0 - 1.0 / (1.0 + np.exp(2.0 * s["vpred"]))
+    bins = (p1 * NUM_BINS).astype(np.int64)
+    np.minimum(bins, NUM_BINS - 1, out=bins)
+    bins[s["vlabels"] < 0] += NUM_BINS  # negatives in the second half
+    return np.bincount(bins, weights=s["wv"], minlength=2 * NUM_BINS).astype(np.float64)
 
 
 def targets_and_losses(s: dict, tree: int) -> tuple[float, float, list[float]]:
