@@ -179,8 +179,8 @@ def _fits(fits: list[dict]) -> str:
         state = "finished" if f["finished"] else "running"
         out.append(
             f"<div class='fit' data-fit='{escape(f['fit'])}'><b>{escape(f['name'])}</b> "
-            f"<span class='muted'>{state}, {escape(f['unit'])} {f.get('done', 0)}/"
-            f"{f['total']}</span><br>"
+            f"<span class='muted'>{state}, {escape(f['unit'])} {f.get('done', 0)}"
+            f"{'/' + str(f['total']) if f['total'] else ''}</span><br>"
         )
         names = sorted({k for p in f["points"] for k in p} - {"done", "seconds"})
         for metric in names:

@@ -86,16 +86,19 @@ class Progress:
     """``Progress("LogisticRegression", total=20)``; ``update(i, loss=...)``; ``close()``.
 
     `client`: the ``PSClient`` whose coordinator hears of each step (default: the active
-    PSContext's, if any).
+    PSContext's, if any). `total` 0: no end known (a stream's micro-batches). `bar` False:
+    no terminal/notebook bar (a streaming query shows its own progress).
     """
 
-    def __init__(self, name: str, total: int, unit: str = "iteration", client=None):
+    def __init__(
+        self, name: str, total: int, unit: str = "iteration", client=None, bar: bool = True
+    ):
         self.name, self.total, self.unit = name, total, unit
         self.start = time.perf_counter()
         self.client = client if client is not None else _active_client()
         self.fit = f"{name.split()[-1].strip('()')}-{uuid.uuid4().hex[:8]}"
         self.done, self._failures = 0, 0
-        self._bar = self._new_bar() if _interactive() else None
+        self._bar = self._new_bar() if bar and _interactive() else None
         log_dir = _session_conf("spark.ps.logDir")
         self.events = _event_writer(log_dir, self.fit) if log_dir else None
         #: Where this fit's event files go (None: spark.ps.logDir is not set)

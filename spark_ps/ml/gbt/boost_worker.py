@@ -5,7 +5,8 @@ One ``boost`` command starts it. Per tree, every worker
 1. computes its rows' pseudo-residuals and all-gathers (``rendezvous.gather`` on shard 0)
    their bounds together with its weighted losses of the trees so far — one step that both
    fixes the tree's fixed-point scale and reports the previous tree's losses (and decides
-   early stopping, the same way on every worker);
+   early stopping, the same way on every worker); a classifier with a validation split
+   adds its validation rows' score histograms, which give the validation AUC;
 2. per layer, builds the fixed-point histograms of the smaller child of each split and sends
    each shard its features' share in ONE blocking call (``gbt_layer.splits``): the shard
    keeps it as the exactly-once contribution of (tree, layer, partition) and answers with
@@ -33,6 +34,7 @@ from ps_server.functions.gbt import merge_best
 from ps_server.functions.gbt_layer import decode_splits
 from ps_server.keys import range_bounds
 from spark_ps.ml._job import WorkerContext
+from spark_ps.ml.online.metrics import NUM_BINS, binned_auc
 from spark_ps.ml.tree import kernels
 from spark_ps.ml.tree.binning import row_uniform
 from spark_ps.ml.tree.histogram import (
@@ -153,6 +155,18 @@ def _losses(s: dict) -> list[float]:
     return out
 
 
+def validation_histograms(s: dict) -> np.ndarray:
+    """The validation rows' weighted histograms of P(y=1) (``NUM_BINS`` equal bins on [0, 1],
+    positives then negatives): summed over partitions, they give the validation AUC
+    (:func:`~spark_ps.ml.online.metrics.binned_auc`). Empty on a partition without such rows."""
+    with np.errstate(over="ignore"):  # P(y=1) as the model's probability column has it
+        p1 = 1.0 - 1.0 / (1.0 + np.exp(2.0 * s["vpred"]))
+    bins = (p1 * NUM_BINS).astype(np.int64)
+    np.minimum(bins, NUM_BINS - 1, out=bins)
+    bins[s["vlabels"] < 0] += NUM_BINS  # negatives in the second half
+    return np.bincount(bins, weights=s["wv"], minlength=2 * NUM_BINS).astype(np.float64)
+
+
 def targets_and_losses(s: dict, tree: int) -> tuple[float, float, list[float]]:
     """Tree `tree`'s targets (:func:`compute_targets`), their min and max, and the losses
     of the trees so far (:func:`_losses`); LogLoss in one compiled pass when it can."""
@@ -246,6 +260,9 @@ def _post_tree(client, topic: str, m: int, builder, tw: float, sums, has_val: bo
         "weight": tw,
         "train_loss": sums[0] / sums[1],
         "validation_loss": sums[2] / sums[3] if has_val else None,
+        "validation_auc": (
+            binned_auc(sums[4 : 4 + NUM_BINS], sums[4 + NUM_BINS :]) if sums.size > 4 else None
+        ),
         "last": last,
         "worker_seconds": prof,
     }
@@ -333,7 +350,10 @@ def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> N
     while True:
         with _timed(s, "targets"):
             lo, hi, losses = targets_and_losses(s, m)
-        g = _gather(ctx, cmd, m, [-lo, hi, *losses])
+        values = [-lo, hi, *losses]
+        if cmd.get("validation_auc") and m > 0:  # the same length on every partition
+            values = np.concatenate([values, validation_histograms(s)])
+        g = _gather(ctx, cmd, m, values)
         if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
             return
         lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())

@@ -39,7 +39,7 @@ from spark_ps.ml.gbt.rounds import HANDLERS, VAL, setup_rows
 from spark_ps.ml.tree.binning import QuantileSketch, _reduce, sketch_fraction, split_thresholds
 from spark_ps.ml.tree.histogram import weight_exponent
 from spark_ps.ml.tree.local import resolve_params
-from spark_ps.ml.tree.loss import get_loss
+from spark_ps.ml.tree.loss import LogLoss, get_loss
 from spark_ps.ml.tree.tree import TreeArrays
 from spark_ps.models import PSMatrix
 
@@ -235,6 +235,7 @@ def train_gbt(
                     raise ValueError(str(e)) from None
                 raise
             t_setup = time.perf_counter() - t0
+            cmd["validation_auc"] = validation is not None and loss is LogLoss
             trees, weights, hist = _read_trees(job, cmd, p, validation is not None, recovery)
         finally:
             ps.fit_ended(recovery)
@@ -279,6 +280,8 @@ def _read_trees(job: PSJob, cmd: dict, p, has_val: bool, recovery: FitRecovery):
             if has_val:
                 state["validation_loss"].append(msg["validation_loss"])
                 losses["validation loss"] = msg["validation_loss"]
+            if msg.get("validation_auc") is not None:
+                losses["validation auc"] = msg["validation_auc"]
             job.post_state(_posted(state, cmd["topic"]))
             recovery.boundary(m + 1, lambda: state)  # noqa: B023 - called now
             bar.update(m + 1, **losses)

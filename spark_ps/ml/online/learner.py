@@ -37,6 +37,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ps_server.checkpoint import latest_version
 from spark_ps.context import PSContext
+from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import MAX_RESTORES
 from spark_ps.ml.base import _check_numeric, _check_values_col, _quote, features_kind
 from spark_ps.ml.lr.model import LogisticRegressionModel
@@ -95,6 +96,7 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         self._history: list[dict] = []
         self._committed = 0
         self._seen: int | None = None  # shard restart count the model's PS state matches
+        self._progress: Progress | None = None  # this learner's curves on the status page
 
     @keyword_only
     def setParams(self, **kwargs: Any) -> OnlineLogisticRegression:
@@ -303,7 +305,28 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         interval = int(self.getOrDefault("psCheckpointInterval"))
         if interval and self._committed % interval == 0:
             self._snapshot(ps, restarts)
+        if status == "new":
+            self._report(ps)
         _chaos("after_commit", batch_id)
+
+    def _report(self, ps: PSContext) -> None:
+        """The batch just committed, as a point of this learner's curves on the status page
+        (its window metrics: the batch's progressive logloss, AUC and rows; and the running
+        ones), in the ``spark_ps.progress`` log and, with ``spark.ps.logDir``, TensorBoard."""
+        if self._progress is None or self._progress.client is not ps.client:
+            name = f"spark-ps OnlineLogisticRegression ({self._name()})"
+            self._progress = Progress(name, 0, unit="batch", client=ps.client, bar=False)
+        h = self._history[-1]
+        self._progress.update(
+            len(self._history),
+            **{
+                "window logloss": h["logloss"],
+                "window auc": h["auc"],
+                "window rows": h["rows"],
+                "running logloss": h["runningLogloss"],
+                "running auc": h["runningAuc"],
+            },
+        )
 
     # ------------------------------------------------------------------ snapshots
     def _snapshot_uri(self, ps: PSContext) -> str:
@@ -437,7 +460,10 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         return self._running.summary()
 
     def drop(self) -> None:
-        """Remove the model's tensors from the PS."""
+        """Remove the model's tensors from the PS (its curves on the status page end)."""
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
         if self._cfg is not None:
             self._cfg.state.drop()
             self._ledger.drop()
