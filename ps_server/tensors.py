@@ -226,7 +226,7 @@ class Tensor:
         self._check_slot(slot)
         create = self.spec.create_on_pull
         with self.lock, self.growing(keys if create else keys[:0], "pull from"):
-            return np.array(self.store.gather(keys, slot or "w", create=create))
+            return self.store.gather(keys, slot or "w", create=create)  # a fresh array
 
     def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray, np.ndarray]:
         """Dense: global keys [start, stop). Sparse: materialised rows [start, stop)."""
@@ -266,9 +266,10 @@ class Tensor:
                 raise RequestError(
                     "FAILED_PRECONDITION", f"{self.where} has no optimizer; push ADD or SET"
                 )
-            from ps_server.keys import combine
+            from ps_server.keys import combine_by_shard, is_strictly_increasing
 
-            keys, values = combine(keys, values)
+            if not is_strictly_increasing(keys):
+                keys, values, _ = combine_by_shard(keys, values, 1)
             rows = self.store.locate(keys, create=True)
             self.optimizer.step(self.store, rows, values)
         else:
