@@ -1,9 +1,12 @@
 """The numba kernels behind :mod:`ps_server.keys_jit` (importing this module imports numba).
 
 Hash tables here are linear-probing, power-of-two sized, homed at ``mix64(key) & mask``
-(the splitmix64 finalizer of :func:`ps_server.keys.mix64`). The scratch table of the client
-passes interleaves (key, unique index) per slot, so a probe touches one cache line; an
-index of -1 marks an empty slot, so any int64 key can be stored.
+(the splitmix64 finalizer of :func:`ps_server.keys.mix64`). Large inputs are first
+radix-partitioned (by shard and hash bits, or by table region) into cache-sized runs: a hash
+table probed at random over millions of keys waits on memory at every key, and more so on a
+busy machine whose cache other processes share. The client passes' tables interleave (key,
+unique index) per slot, so a probe touches one cache line; an index of -1 marks an empty
+slot, so any int64 key can be stored.
 """
 
 from __future__ import annotations
@@ -47,114 +50,123 @@ def _shard(k, num_shards, bounds, dense):
 
 
 @njit(nogil=True, cache=True)
-def _hash_pass(keys, tab, mask, ukeys, slot_of):
-    """slot_of[i] = the first-occurrence index of keys[i]; ukeys[u] = the u-th new key.
-    Returns the number of unique keys; leaves `tab` empty again."""
-    m = 0
-    umask = np.uint64(mask)
+def _buckets(keys, num_shards, bounds, dense, bits, bucket, start):
+    """bucket[i] = (shard << bits) | top `bits` of mix64(key); start = bucket offsets."""
     for i in range(keys.size):
         k = keys[i]
-        s = np.int64(_mix(k) & umask)
-        while True:
-            u = tab[2 * s + 1]
-            if u < 0:
-                tab[2 * s] = k
-                tab[2 * s + 1] = m
-                ukeys[m] = k
-                slot_of[i] = m
-                m += 1
-                break
-            if tab[2 * s] == k:
-                slot_of[i] = u
-                break
-            s = (s + 1) & mask
-    for j in range(m):  # empty the slots used (a chain only holds smaller indices first)
-        s = np.int64(_mix(ukeys[j]) & umask)
-        while tab[2 * s + 1] != j:
-            s = (s + 1) & mask
-        tab[2 * s + 1] = -1
+        b = min(max(_shard(k, num_shards, bounds, dense), 0), num_shards - 1)
+        if bits > 0:
+            b = (b << bits) | np.int64(_mix(k) >> np.uint64(64 - bits))
+        bucket[i] = b
+        start[b + 1] += 1
+    for b in range(start.size - 1):
+        start[b + 1] += start[b]
+
+
+@njit(nogil=True, cache=True)
+def _dedup_buckets(pkeys, start, num_shards, bits, ukeys, local_u, offsets):
+    """Within each bucket (a cache-sized run of `pkeys`), number the distinct keys by first
+    occurrence through a small hash table: local_u[j] = the unique index of pkeys[j].
+    Unique keys come out bucket by bucket, so grouped by shard. Returns their count."""
+    nb = start.size - 1
+    widest = 0
+    for b in range(nb):
+        widest = max(widest, start[b + 1] - start[b])
+    cap = 16
+    while cap < 2 * widest:
+        cap *= 2
+    mask = cap - 1
+    umask = np.uint64(mask)
+    tab = np.full(2 * cap, -1, dtype=np.int64)  # (key, unique index) per slot
+    per_shard = 1 << bits
+    m = 0
+    for b in range(nb):
+        if b % per_shard == 0:
+            offsets[b // per_shard] = m
+        base = m
+        for j in range(start[b], start[b + 1]):
+            k = pkeys[j]
+            s = np.int64(_mix(k) & umask)
+            while True:
+                u = tab[2 * s + 1]
+                if u < 0:
+                    tab[2 * s] = k
+                    tab[2 * s + 1] = m
+                    ukeys[m] = k
+                    local_u[j] = m
+                    m += 1
+                    break
+                if tab[2 * s] == k:
+                    local_u[j] = u
+                    break
+                s = (s + 1) & mask
+        for u in range(base, m):  # empty the slots used (a chain holds smaller indices first)
+            s = np.int64(_mix(ukeys[u]) & umask)
+            while tab[2 * s + 1] != u:
+                s = (s + 1) & mask
+            tab[2 * s + 1] = -1
+    offsets[num_shards] = m
     return m
 
 
 @njit(nogil=True, cache=True)
-def _group(ukeys, m, num_shards, bounds, dense, offsets, pos):
-    """pos[u] = place of unique key u once grouped by shard (stable); fills offsets.
-    Returns True when the grouping is the identity."""
-    sid = np.empty(m, dtype=np.int64)
-    counts = np.zeros(num_shards, dtype=np.int64)
-    for u in range(m):
-        s = _shard(ukeys[u], num_shards, bounds, dense)
-        s = min(max(s, 0), num_shards - 1)
-        sid[u] = s
-        counts[s] += 1
-    offsets[0] = 0
-    for s in range(num_shards):
-        offsets[s + 1] = offsets[s] + counts[s]
-    cursor = offsets[:-1].copy()
-    identity = True
-    for u in range(m):
-        p = cursor[sid[u]]
-        cursor[sid[u]] = p + 1
-        pos[u] = p
-        if p != u:
-            identity = False
-    return identity
+def combine_route(keys, values, num_shards, bounds, dense, bits, ukeys, uvals, offsets):
+    """Unique keys and summed values (in input order), grouped by shard. Returns m.
 
-
-@njit(nogil=True, cache=True)
-def combine_route(keys, values, tab, mask, num_shards, bounds, dense, ukeys, uvals, offsets):
-    """Unique keys and summed values (in input order), grouped by shard. Returns m."""
+    Radix-partitioned: keys and values are first spread into buckets of a few thousand
+    (by shard, then hash bits), so each bucket's hash table stays in cache."""
     n, cols = values.shape
-    first = np.empty(n, dtype=np.int64)
-    m = _hash_pass(keys, tab, mask, ukeys, first)
-    if num_shards == 1:
-        offsets[0] = 0
-        offsets[1] = m
-        place = first
-    else:
-        pos = np.empty(m, dtype=np.int64)
-        if not _group(ukeys, m, num_shards, bounds, dense, offsets, pos):
-            grouped = np.empty(m, dtype=np.int64)
-            for u in range(m):
-                grouped[pos[u]] = ukeys[u]
-            ukeys[:m] = grouped
-            for i in range(n):
-                first[i] = pos[first[i]]
-        place = first
-    seen = np.zeros(m, dtype=np.bool_)
+    bucket = np.empty(n, dtype=np.int64)
+    start = np.zeros((num_shards << bits) + 1, dtype=np.int64)
+    _buckets(keys, num_shards, bounds, dense, bits, bucket, start)
+    cursor = start[:-1].copy()
+    pkeys = np.empty(n, dtype=np.int64)
+    pvals = np.empty_like(values)
     for i in range(n):
-        u = place[i]
-        if seen[u]:
+        p = cursor[bucket[i]]
+        cursor[bucket[i]] = p + 1
+        pkeys[p] = keys[i]
+        for c in range(cols):
+            pvals[p, c] = values[i, c]
+    local_u = bucket  # reused: positions are no longer needed
+    m = _dedup_buckets(pkeys, start, num_shards, bits, ukeys, local_u, offsets)
+    filled = 0
+    for j in range(n):  # a bucket keeps input order, so equal keys add in input order
+        u = local_u[j]
+        if u == filled:
+            filled += 1
             for c in range(cols):
-                uvals[u, c] += values[i, c]
+                uvals[u, c] = pvals[j, c]
         else:
-            seen[u] = True
             for c in range(cols):
-                uvals[u, c] = values[i, c]
+                uvals[u, c] += pvals[j, c]
     return m
 
 
 @njit(nogil=True, cache=True)
-def dedup_route(keys, tab, mask, num_shards, bounds, dense, ukeys, inverse, offsets):
+def dedup_route(keys, num_shards, bounds, dense, bits, ukeys, inverse, offsets):
     """Unique keys grouped by shard and inverse (unique[inverse] == keys).
     Returns (m, whether inverse is the identity)."""
     n = keys.size
-    m = _hash_pass(keys, tab, mask, ukeys, inverse)
-    if num_shards == 1:
-        offsets[0] = 0
-        offsets[1] = m
-        return m, m == n
-    pos = np.empty(m, dtype=np.int64)
-    identity = _group(ukeys, m, num_shards, bounds, dense, offsets, pos)
-    if identity:
-        return m, m == n
-    grouped = np.empty(m, dtype=np.int64)
-    for u in range(m):
-        grouped[pos[u]] = ukeys[u]
-    ukeys[:m] = grouped
+    bucket = np.empty(n, dtype=np.int64)
+    start = np.zeros((num_shards << bits) + 1, dtype=np.int64)
+    _buckets(keys, num_shards, bounds, dense, bits, bucket, start)
+    cursor = start[:-1].copy()
+    pkeys = np.empty(n, dtype=np.int64)
+    perm = np.empty(n, dtype=np.int64)
     for i in range(n):
-        inverse[i] = pos[inverse[i]]
-    return m, False
+        p = cursor[bucket[i]]
+        cursor[bucket[i]] = p + 1
+        pkeys[p] = keys[i]
+        perm[p] = i
+    local_u = bucket
+    m = _dedup_buckets(pkeys, start, num_shards, bits, ukeys, local_u, offsets)
+    identity = m == n
+    for j in range(n):
+        inverse[perm[j]] = local_u[j]
+        if perm[j] != j:
+            identity = False
+    return m, identity
 
 
 @njit(nogil=True, cache=True)
@@ -181,8 +193,53 @@ def route(keys, num_shards, bounds, dense, order, offsets):
 
 
 @njit(nogil=True, cache=True)
-def lookup(slot_keys, slot_rows, keys, out):
-    """out[i] = row of keys[i] in a HashIndex table (slot key -1: empty), else -1."""
+def lookup(slot_keys, slot_rows, keys, out, bits):
+    """out[i] = row of keys[i] in a HashIndex table (slot key -1: empty), else -1.
+
+    With `bits` > 0 the keys are first spread by the top `bits` of their home slot, so the
+    probes walk the table region by region (each a cache-sized run) instead of at random."""
+    if bits == 0:
+        _lookup(slot_keys, slot_rows, keys, out)
+        return
+    mask = slot_keys.size - 1
+    umask = np.uint64(mask)
+    shift = 0
+    while (mask >> shift) >= (1 << bits):
+        shift += 1
+    n = keys.size
+    start = np.zeros((1 << bits) + 1, dtype=np.int64)
+    home = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        h = np.int64(_mix(keys[i]) & umask)
+        home[i] = h
+        start[(h >> shift) + 1] += 1
+    for b in range(start.size - 1):
+        start[b + 1] += start[b]
+    pkeys = np.empty(n, dtype=np.int64)
+    phome = np.empty(n, dtype=np.int64)
+    perm = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = home[i] >> shift
+        p = start[b]
+        start[b] = p + 1
+        pkeys[p], phome[p], perm[p] = keys[i], home[i], i
+    for j in range(n):
+        k = pkeys[j]
+        s = phome[j]
+        row = -1
+        while True:
+            found = slot_keys[s]
+            if found == k:
+                row = slot_rows[s]
+                break
+            if found == -1:
+                break
+            s = (s + 1) & mask
+        out[perm[j]] = row
+
+
+@njit(nogil=True, cache=True)
+def _lookup(slot_keys, slot_rows, keys, out):
     mask = slot_keys.size - 1
     umask = np.uint64(mask)
     for i in range(keys.size):

@@ -2,13 +2,15 @@
 
 Why compiled: a push or pull of n keys used to sort them (``argsort``: 0.1 s for 1M random
 int64 keys) to sum duplicates and group them by shard, and the shard's hash index probed in
-numpy rounds. One open-addressing hash pass (key -> first-occurrence slot) and one counting
-pass (by shard) do the same work in linear time, and release the GIL, so the gRPC threads
-of a shard and the worker's other threads keep running meanwhile.
+numpy rounds. A radix partition (by shard, then hash bits, into cache-sized buckets) and an
+open-addressing hash per bucket (key -> first occurrence) do the same work in linear time,
+and release the GIL, so the gRPC threads of a shard and the worker's other threads keep
+running meanwhile.
 
 Semantics, the same as the numpy reference in :mod:`ps_server.keys`: equal keys are summed in
 their input order (sequentially, so the sum is bit-identical to ``np.add.at``); unique keys
-come out in order of first occurrence (not sorted), grouped by shard, stable within a shard.
+come out grouped by shard, in an order fixed by the keys (hash bucket, then first
+occurrence), not sorted.
 
 Compile cost: numba compiles on first call per dtype (~1 s), and ``cache=True`` keeps the
 machine code on disk, so a process pays a cache load once. The module imports numba on first
@@ -36,7 +38,6 @@ __all__ = [
 
 _K: dict = {}
 _LOCK = threading.Lock()
-_SCRATCH = threading.local()
 
 
 def available() -> bool:
@@ -62,20 +63,17 @@ def _compile():
     return _keys_kernels
 
 
-def _table(n: int) -> tuple[np.ndarray, int]:
-    """This thread's scratch hash table with room for `n` keys at load <= 0.5, all empty.
+#: Keys per bucket of the radix partition (its hash table, 2x as many 16-byte slots, stays
+#: within a core's L2 cache).
+BUCKET_KEYS = 2048
 
-    Kept between calls (a kernel empties the slots it used), so a call pays no allocation
-    and no page faults for a table the size of its keys.
-    """
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
-    tab = getattr(_SCRATCH, "table", None)
-    if tab is None or tab.size < 2 * cap:
-        tab = np.full(2 * cap, -1, dtype=np.int64)
-        _SCRATCH.table = tab
-    return tab, cap - 1
+
+def _bits(n: int, num_shards: int) -> int:
+    """Hash bits that split each shard's keys into buckets of about BUCKET_KEYS."""
+    bits, per = 0, n // max(num_shards, 1)
+    while (per >> bits) > BUCKET_KEYS and bits < 16:
+        bits += 1
+    return bits
 
 
 def _bounds(num_shards: int, bounds: np.ndarray | None) -> tuple[np.ndarray, bool]:
@@ -99,12 +97,12 @@ def combine_grouped(
     """
     k = _kernels()
     v = np.ascontiguousarray(values)
-    tab, mask = _table(keys.size)
     b, dense = _bounds(num_shards, bounds)
     ukeys = np.empty(keys.size, dtype=np.int64)
     uvals = np.empty_like(v)
     offsets = np.zeros(num_shards + 1, dtype=np.int64)
-    m = k.combine_route(keys, v, tab, mask, num_shards, b, dense, ukeys, uvals, offsets)
+    bits = _bits(keys.size, num_shards)
+    m = k.combine_route(keys, v, num_shards, b, dense, bits, ukeys, uvals, offsets)
     return ukeys[:m], uvals[:m], offsets
 
 
@@ -119,12 +117,12 @@ def dedup_grouped(
         `inverse` is None when it is the identity (unique keys, one shard).
     """
     k = _kernels()
-    tab, mask = _table(keys.size)
     b, dense = _bounds(num_shards, bounds)
     ukeys = np.empty(keys.size, dtype=np.int64)
     inverse = np.empty(keys.size, dtype=np.int64)
     offsets = np.zeros(num_shards + 1, dtype=np.int64)
-    m, identity = k.dedup_route(keys, tab, mask, num_shards, b, dense, ukeys, inverse, offsets)
+    bits = _bits(keys.size, num_shards)
+    m, identity = k.dedup_route(keys, num_shards, b, dense, bits, ukeys, inverse, offsets)
     return ukeys[:m], offsets, None if identity else inverse
 
 
@@ -150,7 +148,11 @@ def route_order(
 def table_lookup(slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Row of each key in a linear-probing table on ``mix64(key) & mask``; -1 where absent."""
     out = np.empty(keys.size, dtype=np.int64)
-    _kernels().lookup(slot_keys, slot_rows, keys, out)
+    regions = 0  # table regions of ~4096 slots (64 KB of keys and rows), if worth it
+    if keys.size >= 65536:
+        while (slot_keys.size >> regions) > 4096 and (keys.size >> regions) > 64:
+            regions += 1
+    _kernels().lookup(slot_keys, slot_rows, keys, out, regions)
     return out
 
 

@@ -39,6 +39,7 @@ def _keysets():
         "wide": rng.integers(0, 2**62, size=2000).astype(np.int64),
         "edges": EDGE_KEYS,
         "sorted": np.arange(100, dtype=np.int64) * 3,
+        "bucketed": rng.integers(0, 9000, size=20000).astype(np.int64),  # radix buckets
     }
 
 
@@ -169,6 +170,16 @@ def test_hash_index_matches_a_dict_across_growth():
     probe = np.array([*ref, 10**12, I64.max - 1], np.int64)
     np.testing.assert_array_equal(index.lookup(probe), [*ref.values(), -1, -1])
     np.testing.assert_array_equal(index.keys(), list(ref))
+
+
+def test_hash_index_lookup_by_table_regions_equals_the_plain_probe():
+    rng = np.random.default_rng(8)
+    keys = rng.choice(2**62, size=70_000, replace=False).astype(np.int64)
+    index = HashIndex.from_keys(keys)
+    asked = np.concatenate([keys[::-1], rng.integers(2**62, I64.max, size=1000), keys[:5]])
+    got = index.lookup(asked)  # large enough to be probed region by region
+    want = np.concatenate([np.arange(keys.size)[::-1], np.full(1000, -1), np.arange(5)])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", VALUE_DTYPES)
