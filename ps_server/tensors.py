@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ps_server import keys_jit
 from ps_server.optim import OPTIMIZERS, Optimizer, make_optimizer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.storage import Contributions, DenseStore, SparseStore, Store
@@ -331,6 +332,9 @@ class Tensor:
                 np.maximum.at(buf, rows, values)
             elif rows.size < 2 or np.all(rows[1:] > rows[:-1]):
                 buf[rows] += values
+            elif keys_jit.available() and dtype.name in ("float64", "float32", "int64"):
+                v = np.ascontiguousarray(values.reshape(-1, buf.shape[1]), dtype=dtype)
+                keys_jit.scatter_add(buf, rows, v)  # np.add.at's order, compiled
             else:
                 np.add.at(buf, rows, values)
         rows = np.flatnonzero(touched)

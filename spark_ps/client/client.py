@@ -3,7 +3,9 @@
 Array contract (written once, every method points here): keys are 1-D int64 in
 [0, dim); values are float arrays of shape [n] for vectors (cols == 1) or
 [n, cols]. Keys may repeat: a pull deduplicates them before sending, a push sums
-the values of equal keys before sending. Each call sends one request per shard
+the values of equal keys before sending (one compiled hash pass that also groups them by
+shard, :mod:`ps_server.keys_jit`); a caller whose keys are known to be distinct passes
+``unique=True`` and skips it. Each call sends one request per shard
 (chunked below `max_message_bytes`), all shards concurrently, and retries with
 backoff when a shard is unavailable (restarting, or its backup being promoted),
 re-resolving the shard map. Every shard request carries an id that its retries
