@@ -277,3 +277,16 @@ def test_exactly_once_contributions_with_the_unique_path(ps, small_chunks):
     x.reduce(1)
     np.testing.assert_array_equal(x.pull(keys), [6.0, 6.0, 1.0, 1.0])
     x.drop()
+
+
+def test_the_ps_bench_runs_at_a_tiny_size():
+    """bench/ps.py end to end on 2,000 keys, one shard: every op timed, with its stages."""
+    from bench import ps as bench_ps
+
+    rows = bench_ps.run(2000, [1], 1)
+    by_name = {r[0]: r for r in rows}
+    for name in ("sparse push", "sparse pull", "sparse push, unique=True", "dense push"):
+        row = by_name[name]
+        assert float(row[6]) > 0  # ms per call
+        assert all(float(c) >= 0 for c in row[7:11])  # route, serialise, shard, wire ms
+    assert by_name["limit: loopback socket"][4] == "1.00"
