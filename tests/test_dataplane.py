@@ -24,7 +24,8 @@ from ps_server.keys import (
 from ps_server.storage import HashIndex, SparseStore
 from ps_server.tensors import VALUE_DTYPES
 
-pytestmark = pytest.mark.skipif(not keys_jit.available(), reason="numba not installed")
+#: exact sums in input order and first-occurrence order are the compiled passes' promise
+needs_jit = pytest.mark.skipif(not keys_jit.available(), reason="numba absent or disabled")
 
 I64 = np.iinfo(np.int64)
 EDGE_KEYS = np.array([I64.max, 0, I64.min, -1, I64.max, 1, I64.min, 2**40, -1], dtype=np.int64)
@@ -71,6 +72,7 @@ def _check_grouped(keys, offsets, shards, bounds):
     np.testing.assert_array_equal(_route(keys, shards, bounds), owner)
 
 
+@needs_jit
 @pytest.mark.parametrize("dtype", VALUE_DTYPES)
 @pytest.mark.parametrize("name", list(_keysets()))
 @pytest.mark.parametrize("shards", [1, 3])
@@ -86,6 +88,7 @@ def test_combine_by_shard_equals_unique_and_add_at(name, dtype, shards):
     np.testing.assert_array_equal(got_v[order], ref_v)  # same order of addition: exact
 
 
+@needs_jit
 def test_combine_keeps_first_occurrence_order_within_a_shard():
     keys = np.array([9, 4, 9, 7, 4, 1], np.int64)
     got_k, got_v, offsets = combine_by_shard(keys, np.arange(6.0).reshape(-1, 1), 1)
@@ -94,6 +97,7 @@ def test_combine_keeps_first_occurrence_order_within_a_shard():
     np.testing.assert_array_equal(offsets, [0, 4])
 
 
+@needs_jit
 @pytest.mark.parametrize("shards", [1, 2, 4])
 def test_range_routing_matches_searchsorted(shards):
     rng = np.random.default_rng(3)
@@ -138,6 +142,7 @@ def test_group_by_shard_is_a_stable_grouping(name, shards):
         assert np.all(np.diff(part) > 0)
 
 
+@needs_jit
 def test_the_numpy_fallback_gives_the_same_sums(monkeypatch):
     rng = np.random.default_rng(11)
     keys = rng.integers(0, 300, size=2000).astype(np.int64)
@@ -236,10 +241,10 @@ def test_push_and_pull_through_shards_equal_add_at(ps, small_chunks, kind, dtype
     want = ref_v[np.searchsorted(ref_k, asked)]
     got = m.pull(asked)
     assert got.dtype == np.dtype(dtype) and got.shape == (asked.size, 2)
-    if dtype == "float32":  # the client sums duplicates in float32, as the reference
-        np.testing.assert_allclose(got, want, rtol=1e-6)
-    else:
-        np.testing.assert_array_equal(got, want)
+    if dtype == "int64" or (dtype == "float64" and keys_jit.available()):
+        np.testing.assert_array_equal(got, want)  # summed in input order, as np.add.at
+    else:  # float32 sums round per add; numpy's fallback sums pairwise (np.add.reduceat)
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12)
     m.drop()
 
 
