@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from bench.common import markdown_table
+from bench.common import load_note, markdown_table
+from ps_server.keys import is_strictly_increasing
 
 __all__ = ["main"]
 
@@ -67,6 +68,57 @@ def loopback_seconds(payload: bytes, repeat: int) -> float:
     return secs
 
 
+def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) -> dict:
+    """Seconds of each stage of one call, measured apart in this process: the client's
+    combine/dedup and routing, serialisation (requests built and encoded, the answer decoded),
+    and the shard's apply (decode, checks, index and update on a local Tensor of the same
+    spec, one shard doing all the keys). The rest of the call's time is the wire (gRPC)."""
+    from ps_server.proto import ps_pb2 as pb
+    from ps_server.tensors import Tensor
+    from ps_server.wire import from_array, to_array
+
+    def prepare():
+        if op == "push" and not is_strictly_increasing(keys):
+            return spec.combine(keys, values)
+        if op == "pull" and not is_strictly_increasing(keys):
+            uniq, offsets, _ = spec.dedup(keys)
+            return uniq, values[: uniq.size], offsets
+        order, offsets = spec.group(keys)
+        return (keys, values, offsets) if order is None else (keys[order], values[order], offsets)
+
+    k, v, _ = prepare()
+    if op == "push":
+        raw = lambda: pb.PushRequest(model="m", keys=to_array(k), values=to_array(v))  # noqa: E731
+        serial = lambda: raw().SerializeToString()  # noqa: E731
+    else:
+        answer = pb.PullResponse(values=to_array(v)).SerializeToString()
+
+        def serial():
+            pb.PullRequest(model="m", keys=to_array(k)).SerializeToString()
+            from_array(pb.PullResponse.FromString(answer).values, "bench")
+
+    local = spec.shard_spec(0)
+    local.num_shards, local.offset, local.length = 1, 0, spec.dim if spec.kind == "dense" else 0
+    tensor = Tensor.create(local)
+    tensor.push(k, v.reshape(-1, 1), pb.ADD)  # rows exist: the steady state, as on the shards
+    wire_keys = pb.PushRequest(keys=to_array(k), values=to_array(v)).SerializeToString()
+
+    def apply():
+        req = pb.PushRequest.FromString(wire_keys)
+        kk = tensor.check_keys(from_array(req.keys, "k"), "bench")
+        if op == "push":
+            kk, vv = tensor.check_push(kk, from_array(req.values, "v"), "bench")
+            tensor.push(kk, vv, pb.ADD)
+        else:
+            to_array(tensor.pull(kk, "")).SerializeToString()
+
+    return {
+        "route": _best(prepare, repeat),
+        "serialise": _best(serial, repeat),
+        "shard": _best(apply, repeat),
+    }
+
+
 def _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat) -> list[list]:
     from spark_ps import PSVector
 
@@ -78,17 +130,32 @@ def _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat) -> list[list]:
     skeys = rng.choice(2**40, size=keys_n, replace=False).astype(np.int64)
     sparse.increment(skeys, values)  # create rows once: steady-state numbers below
     cases = [
-        ("dense push (sorted keys)", lambda: dense.increment(sorted_keys, values)),
-        ("dense pull (sorted keys)", lambda: dense.pull(sorted_keys)),
-        ("dense push", lambda: dense.increment(dkeys, values)),
-        ("dense pull", lambda: dense.pull(dkeys)),
-        ("dense pull all", lambda: dense.pull()),
-        ("sparse push", lambda: sparse.increment(skeys, values)),
-        ("sparse pull", lambda: sparse.pull(skeys)),
+        ("dense push (sorted keys)", dense, "push", sorted_keys, {}),
+        ("dense pull (sorted keys)", dense, "pull", sorted_keys, {}),
+        ("dense push", dense, "push", dkeys, {}),
+        ("dense pull", dense, "pull", dkeys, {}),
+        ("dense pull all", dense, "all", None, {}),
+        ("sparse push", sparse, "push", skeys, {}),
+        ("sparse pull", sparse, "pull", skeys, {}),
+        ("sparse push, unique=True", sparse, "push", skeys, {"unique": True}),
+        ("sparse pull, unique=True", sparse, "pull", skeys, {"unique": True}),
     ]
     rows = []
-    for name, fn in cases:
+    for name, vec, op, keys, kw in cases:
+        if op == "push":
+            fn = lambda v=vec, k=keys, kw=kw: v.increment(k, values, **kw)  # noqa: E731
+        elif op == "pull":
+            fn = lambda v=vec, k=keys, kw=kw: v.pull(k, **kw)  # noqa: E731
+        else:
+            fn = dense.pull
         secs = _best(fn, repeat)
+        cells = {}
+        if op != "all":
+            st = _stages(vec.spec, op, keys, values, repeat)
+            if kw.get("unique"):
+                st["route"] = _best(lambda v=vec, k=keys: v.spec.group(k), repeat)
+            st["wire"] = max(0.0, secs - sum(st.values()))
+            cells = {k: f"{1e3 * t:.1f}" for k, t in st.items()}
         rows.append(
             [
                 name,
@@ -97,6 +164,8 @@ def _measure(ps, n, values, rng, mb, t_sock, t_copy, repeat) -> list[list]:
                 f"{mb / secs:.0f}",
                 f"{t_sock / secs:.2f}",
                 f"{t_copy / secs:.3f}",
+                f"{1e3 * secs:.0f}",
+                *(cells.get(k, "-") for k in ("route", "serialise", "shard", "wire")),
             ]
         )
     return rows
@@ -128,6 +197,8 @@ def run(keys_n: int, shards: list[int], repeat: int, replicas: int = 1) -> list[
             f"{mb / t_sock:.0f}",
             "1.00",
             "-",
+            f"{1e3 * t_sock:.0f}",
+            *"----",
         ]
     )
     rows.append(
@@ -138,6 +209,8 @@ def run(keys_n: int, shards: list[int], repeat: int, replicas: int = 1) -> list[
             f"{values.nbytes / 1e6 / t_copy:.0f}",
             "-",
             "1.000",
+            f"{1e3 * t_copy:.0f}",
+            *"----",
         ]
     )
     return rows
@@ -155,7 +228,14 @@ def main(argv: list[str] | None = None) -> None:
         f"PS throughput, {args.keys:,} keys x float64 per call (keys int64 + values = "
         f"{args.keys * 16 / 1e6:.0f} MB), best of {args.repeat}, replicas {args.replicas}"
     )
-    cols = ["op", "shards", "Mkeys/s", "MB/s", "vs loopback socket", "vs numpy copy"]
+    print(
+        "ms columns: the whole call; then its stages measured apart in this process: the "
+        "client's combine/dedup + routing, serialisation (encode the requests, decode the "
+        "answer), the shard's apply (one local shard doing all keys), and the rest: wire "
+        f"(gRPC, threads, waiting). {load_note()}"
+    )
+    cols = ["op", "shards", "Mkeys/s", "MB/s", "vs loopback socket", "vs numpy copy", "ms"]
+    cols += ["route ms", "serialise ms", "shard ms", "wire ms"]
     print(markdown_table([dict(zip(cols, r, strict=True)) for r in rows], cols))
 
 

@@ -19,6 +19,9 @@ __all__ = [
     "dedup",
     "validate_keys",
     "is_strictly_increasing",
+    "combine_by_shard",
+    "dedup_by_shard",
+    "group_by_shard",
 ]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -152,6 +155,92 @@ def combine(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
     if starts.size == k.size:  # no duplicates: a permutation is enough
         return sk, np.take(v, order, axis=0)
     return sk[starts], np.add.reduceat(np.take(v, order, axis=0), starts, axis=0)
+
+
+def _shard_ids(keys: np.ndarray, num_shards: int, bounds: np.ndarray | None) -> np.ndarray:
+    return hash_shard(keys, num_shards) if bounds is None else range_shard(keys, bounds)
+
+
+def _use_jit(*arrays: np.ndarray) -> bool:
+    from ps_server import keys_jit
+
+    return keys_jit.available() and all(a.dtype.name in _JIT_DTYPES for a in arrays)
+
+
+#: value dtypes the compiled passes take as they are (others are summed by numpy)
+_JIT_DTYPES = ("int64", "float64", "float32")
+
+
+def combine_by_shard(
+    keys: np.ndarray, values: np.ndarray, num_shards: int, bounds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique keys with equal keys' values summed, grouped by shard.
+
+    `bounds`: range partitioning by these bounds (dense tensors); None: hash partitioning.
+    Equal keys are summed in input order, like ``np.add.at``. Unique keys come out in
+    order of first occurrence within their shard (compiled pass, :mod:`ps_server.keys_jit`)
+    or sorted (the numpy fallback).
+
+    Returns
+    -------
+    keys, values, offsets : np.ndarray, np.ndarray, np.ndarray
+        ``keys[offsets[s]:offsets[s + 1]]`` (and those rows of ``values [m, cols]``) go to
+        shard s.
+    """
+    k = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+    v = np.asarray(values)
+    v = v.reshape(-1, 1) if v.ndim == 1 else v
+    if v.ndim != 2 or v.shape[0] != k.size:
+        raise ValueError(
+            f"combine_by_shard: keys must be [n] and values [n] or [n, cols]; "
+            f"got keys {k.shape} and values {np.shape(values)}"
+        )
+    if _use_jit(v):
+        from ps_server import keys_jit
+
+        return keys_jit.combine_grouped(k, v, num_shards, bounds)
+    k, v = combine(k, v)
+    order, offsets = group_by(_shard_ids(k, num_shards, bounds), num_shards)
+    return k[order], np.take(v, order, axis=0), offsets
+
+
+def dedup_by_shard(
+    keys: np.ndarray, num_shards: int, bounds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Unique keys grouped by shard (see :func:`combine_by_shard`) and the inverse map.
+
+    Returns
+    -------
+    unique, offsets, inverse : np.ndarray, np.ndarray, np.ndarray | None
+        ``unique[inverse]`` equals `keys`; `inverse` is None when that is the identity.
+    """
+    k = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+    if _use_jit(k):
+        from ps_server import keys_jit
+
+        return keys_jit.dedup_grouped(k, num_shards, bounds)
+    uniq, inverse = dedup(k)
+    order, offsets = group_by(_shard_ids(uniq, num_shards, bounds), num_shards)
+    place = np.empty(order.size, dtype=np.int64)
+    place[order] = np.arange(order.size, dtype=np.int64)
+    return uniq[order], offsets, place[inverse]
+
+
+def group_by_shard(
+    keys: np.ndarray, num_shards: int, bounds: np.ndarray | None = None
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """Positions of `keys` grouped by shard, stable: ``(order, offsets)`` as in
+    :func:`group_by`, with `order` None when the keys are already grouped (one shard,
+    or sorted keys of a range-partitioned tensor): then nothing needs to move."""
+    k = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+    if num_shards == 1:
+        return None, np.array([0, k.size], dtype=np.int64)
+    if _use_jit(k):
+        from ps_server import keys_jit
+
+        return keys_jit.route_order(k, num_shards, bounds)
+    order, offsets = group_by(_shard_ids(k, num_shards, bounds), num_shards)
+    return (None if is_strictly_increasing(order) else order), offsets
 
 
 def is_strictly_increasing(keys: np.ndarray) -> bool:

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ps_server import keys_jit
 from ps_server.keys import combine, mix64
 
 __all__ = [
@@ -95,6 +96,8 @@ class HashIndex:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Row id of each key, -1 where absent."""
         k = _int_keys(keys, "HashIndex.lookup")
+        if keys_jit.available():
+            return keys_jit.table_lookup(self._slot_keys, self._slot_rows, k)
         out = np.full(k.size, _EMPTY, dtype=np.int64)
         mask = self.capacity - 1
         active = np.arange(k.size, dtype=np.int64)
@@ -159,6 +162,10 @@ class HashIndex:
         self._slot_rows = np.full(cap, _EMPTY, dtype=np.int64)
         self._keys = np.empty(cap // 2, dtype=np.int64)
         self._keys[: self._n] = old
+        if keys_jit.available():  # distinct keys, inserted in row order: row i stays row i
+            rows = np.empty(self._n, dtype=np.int64)
+            keys_jit.table_insert(self._slot_keys, self._slot_rows, self._keys, 0, old, rows, 0)
+            return
         slots, _ = self._probe_insert(old)
         self._slot_rows[slots] = np.arange(self._n, dtype=np.int64)
 
@@ -174,6 +181,8 @@ class HashIndex:
             int64 row id per key and the number of rows created.
         """
         k = _int_keys(keys, "HashIndex.get_or_insert")
+        if keys_jit.available():
+            return self._get_or_insert_jit(np.ascontiguousarray(k))
         rows = self.lookup(k)
         missing = np.flatnonzero(rows == _EMPTY)
         if missing.size == 0:
@@ -189,6 +198,19 @@ class HashIndex:
         self._n += int(first.size)
         rows[missing] = self._slot_rows[slots]
         return rows, int(first.size)
+
+    def _get_or_insert_jit(self, k: np.ndarray) -> tuple[np.ndarray, int]:
+        """`get_or_insert` in one compiled pass; the table doubles whenever the next new key
+        would put it above load 0.5, which ends at the capacity `_grow_to` would choose."""
+        rows = np.empty(k.size, dtype=np.int64)
+        before, at = self._n, 0
+        while True:
+            at, self._n = keys_jit.table_insert(
+                self._slot_keys, self._slot_rows, self._keys, self._n, k, rows, at
+            )
+            if at == k.size:
+                return rows, self._n - before
+            self._grow_to(self._n + 1)
 
     @classmethod
     def from_keys(cls, keys: np.ndarray) -> HashIndex:
@@ -217,6 +239,14 @@ def _last_occurrence(rows: np.ndarray) -> np.ndarray:
     sr = rows[::-1][order]
     first = np.concatenate(([True], sr[1:] != sr[:-1])) if sr.size else sr.astype(bool)
     return rows.size - 1 - order[first]
+
+
+def _jit_rows(arr: np.ndarray) -> bool:
+    """Whether the compiled row passes serve this slot array (C-contiguous, a JIT dtype)."""
+    return arr.flags.c_contiguous and arr.dtype.name in _JIT_DTYPES and keys_jit.available()
+
+
+_JIT_DTYPES = ("float64", "float32", "int64")
 
 
 class Store(ABC):
@@ -302,6 +332,8 @@ class Store(ABC):
         """Values ``[n, slot_cols]`` of a slot; absent keys read as the slot's fill (0 for w)."""
         rows = self.locate(keys, create)
         arr = self.slot(slot)
+        if _jit_rows(arr):
+            return keys_jit.gather_rows(arr, rows, self._fills[slot])
         present = rows >= 0
         if present.all():
             return arr[rows]
@@ -315,6 +347,9 @@ class Store(ABC):
         arr = self.slot(slot)
         v = _as_values(values, rows.size, arr.shape[1], f"{type(self).__name__}.add")
         v = v.astype(arr.dtype, copy=False)
+        if _jit_rows(arr):
+            keys_jit.scatter_add(arr, rows, np.ascontiguousarray(v))
+            return
         if rows.size < 2 or np.all(rows[1:] > rows[:-1]):  # sorted unique: plain fancy add
             arr[rows] += v
         else:

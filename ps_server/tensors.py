@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ps_server import keys_jit
 from ps_server.optim import OPTIMIZERS, Optimizer, make_optimizer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.storage import Contributions, DenseStore, SparseStore, Store
@@ -226,7 +227,7 @@ class Tensor:
         self._check_slot(slot)
         create = self.spec.create_on_pull
         with self.lock, self.growing(keys if create else keys[:0], "pull from"):
-            return np.array(self.store.gather(keys, slot or "w", create=create))
+            return self.store.gather(keys, slot or "w", create=create)  # a fresh array
 
     def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray, np.ndarray]:
         """Dense: global keys [start, stop). Sparse: materialised rows [start, stop)."""
@@ -266,9 +267,10 @@ class Tensor:
                 raise RequestError(
                     "FAILED_PRECONDITION", f"{self.where} has no optimizer; push ADD or SET"
                 )
-            from ps_server.keys import combine
+            from ps_server.keys import combine_by_shard, is_strictly_increasing
 
-            keys, values = combine(keys, values)
+            if not is_strictly_increasing(keys):
+                keys, values, _ = combine_by_shard(keys, values, 1)
             rows = self.store.locate(keys, create=True)
             self.optimizer.step(self.store, rows, values)
         else:
@@ -330,6 +332,9 @@ class Tensor:
                 np.maximum.at(buf, rows, values)
             elif rows.size < 2 or np.all(rows[1:] > rows[:-1]):
                 buf[rows] += values
+            elif keys_jit.available() and dtype.name in ("float64", "float32", "int64"):
+                v = np.ascontiguousarray(values.reshape(-1, buf.shape[1]), dtype=dtype)
+                keys_jit.scatter_add(buf, rows, v)  # np.add.at's order, compiled
             else:
                 np.add.at(buf, rows, values)
         rows = np.flatnonzero(touched)

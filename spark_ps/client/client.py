@@ -3,7 +3,9 @@
 Array contract (written once, every method points here): keys are 1-D int64 in
 [0, dim); values are float arrays of shape [n] for vectors (cols == 1) or
 [n, cols]. Keys may repeat: a pull deduplicates them before sending, a push sums
-the values of equal keys before sending. Each call sends one request per shard
+the values of equal keys before sending (one compiled hash pass that also groups them by
+shard, :mod:`ps_server.keys_jit`); a caller whose keys are known to be distinct passes
+``unique=True`` and skips it. Each call sends one request per shard
 (chunked below `max_message_bytes`), all shards concurrently, and retries with
 backoff when a shard is unavailable (restarting, or its backup being promoted),
 re-resolving the shard map. Every shard request carries an id that its retries
@@ -26,7 +28,7 @@ import numpy as np
 
 from ps_server import direct as direct_lane
 from ps_server.direct import DirectError, DirectLink
-from ps_server.keys import combine, dedup, is_strictly_increasing, validate_keys
+from ps_server.keys import is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.replica import REQUEST_ID_KEY
@@ -342,22 +344,18 @@ class PSClient:
                 rpc=rpc,
             )
 
-    def _pieces(self, spec: TensorSpec, keys: np.ndarray, row_bytes: int, every_shard=False):
-        """(shard, chunk index, positions) for every non-empty request below the size limit;
-        `every_shard`: an empty chunk 0 too for a shard that gets no keys."""
+    def _pieces(self, offsets: np.ndarray, row_bytes: int, every_shard: bool = False):
+        """(shard, chunk index, slice) for every non-empty request below the size limit,
+        over rows grouped by shard (shard s's rows are ``offsets[s]:offsets[s + 1]``);
+        `every_shard`: an empty chunk 0 too for a shard that gets no rows."""
         self._check_size(row_bytes, "one row of a request")  # chunks hold >= 1 row
         step = max(1, self.chunk_bytes // max(row_bytes, 1))
-        for s, pos in enumerate(spec.route(keys)):
-            if isinstance(pos, slice):
-                parts = [
-                    slice(i, min(i + step, pos.stop)) for i in range(pos.start, pos.stop, step)
-                ]
-            else:
-                parts = [pos[i : i + step] for i in range(0, pos.size, step)]
-            if not parts and every_shard:
-                parts = [pos[:0] if not isinstance(pos, slice) else slice(0, 0)]
-            for chunk, part in enumerate(parts):
-                yield s, chunk, part
+        for s in range(offsets.size - 1):
+            lo, hi = int(offsets[s]), int(offsets[s + 1])
+            if lo == hi and every_shard:
+                yield s, 0, slice(lo, lo)
+            for chunk, i in enumerate(range(lo, hi, step)):
+                yield s, chunk, slice(i, min(i + step, hi))
 
     # ------------------------------------------------------------ models
     def create(self, spec: TensorSpec, exist_ok: bool = False) -> None:
@@ -383,21 +381,36 @@ class PSClient:
         self._coord("UnregisterModel", pb.ModelRef(name=spec.name))
 
     # ------------------------------------------------------------ data plane
-    def pull(self, spec: TensorSpec, keys: np.ndarray, slot: str = "") -> np.ndarray:
-        """Values of `keys` (see the array contract); absent sparse rows read as 0."""
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
+    def pull(
+        self, spec: TensorSpec, keys: np.ndarray, slot: str = "", *, unique: bool = False
+    ) -> np.ndarray:
+        """Values of `keys` (see the array contract); absent sparse rows read as 0.
+
+        `unique`: the caller knows its keys are distinct (they came from a pull, a
+        partition's dictionary, ``np.unique``), so no deduplication pass is made. Repeated
+        keys are still answered right, only sent more than once.
+        """
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         validate_keys(keys, spec.dim, f"pull from {spec.name!r}")
-        unique = is_strictly_increasing(keys)
-        uniq, inverse = (keys, None) if unique else dedup(keys)
+        order = inverse = None
+        if unique or is_strictly_increasing(keys):
+            order, offsets = spec.group(keys)
+            uniq = keys if order is None else keys[order]
+        else:
+            uniq, offsets, inverse = spec.dedup(keys)
         out = np.empty((uniq.size, spec.cols), dtype=spec.dtype)
         reqs, places = [], []
-        for s, _, pos in self._pieces(spec, uniq, 8 + 8 * spec.cols):
+        for s, _, pos in self._pieces(offsets, 8 + 8 * spec.cols):
             reqs.append((s, pb.PullRequest(model=spec.name, keys=to_array(uniq[pos]), slot=slot)))
             places.append(pos)
         for place, resp in zip(places, self._fanout("Pull", reqs), strict=True):
             out[place] = from_array(resp.values, f"Pull {spec.name!r}").reshape(-1, spec.cols)
         if inverse is not None:
             out = out[inverse]
+        elif order is not None:
+            back = np.empty_like(out)
+            back[order] = out
+            out = back
         return out[:, 0] if spec.cols == 1 else out
 
     def pull_all(self, spec: TensorSpec, slot: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -464,15 +477,18 @@ class PSClient:
         *,
         round: int | None = None,
         part: int = 0,
+        unique: bool = False,
     ) -> None:
         """Push rows (see the array contract). `op`: add | set | step (the model's optimizer).
 
         With `round`, the push is this `part`'s exactly-once contribution to that round:
         a second attempt replaces the first, and nothing is applied until `reduce`.
+        `unique`: the caller knows its keys are distinct, so no combining pass is made (the
+        shards still sum repeated keys, so the result is right either way).
         """
         if op not in _OPS:
             raise ValueError(f"push op must be one of {sorted(_OPS)}, got {op!r}")
-        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         values = np.asarray(values)
         if values.shape[0] != keys.size or values.size != keys.size * spec.cols:
             raise ValueError(
@@ -483,11 +499,14 @@ class PSClient:
         values = values.reshape(keys.size, spec.cols)
         if spec.nan_policy != "skip":
             _refuse_non_finite(spec, keys, values)
-        if op == "set":
-            if np.unique(keys).size != keys.size:
-                raise ValueError(f"push op 'set' to {spec.name!r} needs unique keys")
+        if op == "set" and not unique and spec.dedup(keys)[0].size != keys.size:
+            raise ValueError(f"push op 'set' to {spec.name!r} needs unique keys")
+        if op == "set" or unique or is_strictly_increasing(keys):
+            order, offsets = spec.group(keys)
+            if order is not None:
+                keys, values = keys[order], np.take(values, order, axis=0)
         else:
-            keys, values = combine(keys, values)
+            keys, values, offsets = spec.combine(keys, values)
         values = values.astype(spec.dtype, copy=False)
         row_bytes = 8 + values.itemsize * spec.cols
         aggregate = round is not None
@@ -505,7 +524,7 @@ class PSClient:
                     chunk=chunk,
                 ),
             )
-            for s, chunk, pos in self._pieces(spec, keys, row_bytes, every_shard=aggregate)
+            for s, chunk, pos in self._pieces(offsets, row_bytes, every_shard=aggregate)
         ]
         if not aggregate:
             self._fanout("Push", reqs)

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps_server.keys import (
+    combine_by_shard,
+    dedup_by_shard,
     group_by,
+    group_by_shard,
     hash_shard,
     is_strictly_increasing,
     range_bounds,
@@ -59,6 +62,26 @@ class TensorSpec:
             return [slice(int(cut[s]), int(cut[s + 1])) for s in range(self.num_shards)]
         order, offsets = group_by(self.shard_of(keys), self.num_shards)
         return [order[offsets[s] : offsets[s + 1]] for s in range(self.num_shards)]
+
+    def _route_bounds(self) -> np.ndarray | None:
+        return self.bounds() if self.kind == "dense" else None
+
+    def group(self, keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Positions of `keys` grouped by shard: (order or None for "as they are", offsets);
+        see :func:`ps_server.keys.group_by_shard`."""
+        if self.kind == "dense" and is_strictly_increasing(keys):
+            return None, np.searchsorted(keys, self.bounds()).astype(np.int64)
+        return group_by_shard(keys, self.num_shards, self._route_bounds())
+
+    def combine(
+        self, keys: np.ndarray, values: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unique keys, equal keys' values summed, grouped by shard (keys, values, offsets)."""
+        return combine_by_shard(keys, values, self.num_shards, self._route_bounds())
+
+    def dedup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Unique keys grouped by shard, offsets, and the inverse map (None: identity)."""
+        return dedup_by_shard(keys, self.num_shards, self._route_bounds())
 
     def shard_spec(self, shard: int) -> pb.ModelSpec:
         offset = length = 0

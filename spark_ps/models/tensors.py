@@ -118,29 +118,40 @@ class PSTensor:
         return self.spec.name
 
     # --- data plane (arrays: see spark_ps.client.client) ---
-    def pull(self, keys: np.ndarray | None = None, slot: str = ""):
+    def pull(self, keys: np.ndarray | None = None, slot: str = "", *, unique: bool = False):
         """Values at `keys`; with no keys, everything (dense: the full array; sparse:
-        a (keys, values) pair of the touched rows)."""
+        a (keys, values) pair of the touched rows). `unique=True`: the keys are known to be
+        distinct, so no deduplication pass is made (see :meth:`PSClient.pull`)."""
         if keys is None:
             k, v = self.client.pull_all(self.spec, slot)
             return v if self.spec.kind == "dense" else (k, v)
-        return self.client.pull(self.spec, keys, slot)
+        return self.client.pull(self.spec, keys, slot, unique=unique)
 
-    def push(self, keys: np.ndarray, grads: np.ndarray) -> None:
-        """A gradient: the tensor's server-side optimizer steps (plain add without one)."""
-        self.client.push(self.spec, keys, grads, "step" if self.spec.optimizer else "add")
+    def push(self, keys: np.ndarray, grads: np.ndarray, *, unique: bool = False) -> None:
+        """A gradient: the tensor's server-side optimizer steps (plain add without one).
+        `unique=True`: the keys are known to be distinct, so no combining pass is made."""
+        op = "step" if self.spec.optimizer else "add"
+        self.client.push(self.spec, keys, grads, op, unique=unique)
 
-    def increment(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+    def increment(self, keys: np.ndarray, deltas: np.ndarray, *, unique: bool = False) -> None:
         """w[keys] += deltas (equal keys summed)."""
-        self.client.push(self.spec, keys, deltas, "add")
+        self.client.push(self.spec, keys, deltas, "add", unique=unique)
 
     def update(self, keys: np.ndarray, values: np.ndarray) -> None:
         """w[keys] = values (keys must be unique)."""
         self.client.push(self.spec, keys, values, "set")
 
-    def aggregate(self, keys: np.ndarray, values: np.ndarray, *, round: int, part: int) -> None:
+    def aggregate(
+        self,
+        keys: np.ndarray,
+        values: np.ndarray,
+        *,
+        round: int,
+        part: int,
+        unique: bool = False,
+    ) -> None:
         """This part's exactly-once contribution to `round` (a retry replaces it)."""
-        self.client.push(self.spec, keys, values, "add", round=round, part=part)
+        self.client.push(self.spec, keys, values, "add", round=round, part=part, unique=unique)
 
     def reduce(self, round: int, op: str = "set", how: str = "sum") -> None:
         """Apply the combined contributions of `round` (set: the tensor becomes the sum,

@@ -98,9 +98,10 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         return
     nf, fit_linear, fit_intercept = cmd["num_features"], cmd["fit_linear"], cmd["fit_intercept"]
     factors, linear = ctx.tensor(cmd["factors"]), ctx.tensor(cmd["linear"])
-    v = np.asarray(factors.pull(gkeys), dtype=np.float64).reshape(m, cmd["factor_size"])
+    v = np.asarray(factors.pull(gkeys, unique=True), dtype=np.float64)
+    v = v.reshape(m, cmd["factor_size"])
     lin_keys = np.append(gkeys, nf) if fit_linear else np.array([nf], dtype=np.int64)
-    lin = np.asarray(linear.pull(lin_keys), dtype=np.float64).reshape(-1)
+    lin = np.asarray(linear.pull(lin_keys, unique=True), dtype=np.float64).reshape(-1)
     w = lin[:m] if fit_linear else None
     b = float(lin[-1]) if fit_intercept else 0.0
     x = sp.csr_matrix((batch.values, batch.indices, batch.indptr), shape=(n, m))
@@ -110,12 +111,12 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         ctx.contribute(round_, [loss, float(n)])
         return
     g_v, g_w = fm_gradient(x, v, xv, mult)
-    factors.aggregate(gkeys, g_v, round=round_, part=ctx.part)
+    factors.aggregate(gkeys, g_v, round=round_, part=ctx.part, unique=True)
     if fit_linear or fit_intercept:
         g_lin = np.append(g_w, mult.sum()) if fit_linear else np.array([mult.sum()])
         if not fit_intercept:
             lin_keys, g_lin = lin_keys[:-1], g_lin[:-1]
-        linear.aggregate(lin_keys, g_lin, round=round_, part=ctx.part)
+        linear.aggregate(lin_keys, g_lin, round=round_, part=ctx.part, unique=True)
     ctx.contribute(round_, [loss, float(n)])
 
 

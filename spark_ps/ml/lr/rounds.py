@@ -111,7 +111,7 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
         keys, loc = mb.localize()
         gk = cids[keys]
         pull_keys = np.append(gk, last) if fit_intercept else gk
-        w = model.pull(pull_keys)
+        w = model.pull(pull_keys, unique=True)  # distinct ids (+ the intercept's)
         if bsp:  # every worker has read step c before any step-c update lands
             clock.tick(2 * c - 1)
         coef, b = (w[:-1], w[-1]) if fit_intercept else (w, 0.0)
@@ -119,7 +119,7 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
         if ws > 0:
             grad = grad / ws + l2 * coef
             step = np.append(grad, grad_b / ws) if fit_intercept else grad
-            model.push(pull_keys, step)
+            model.push(pull_keys, step, unique=True)
             loss_sum, weight_sum = loss_sum + loss, weight_sum + ws
         if clock is not None:
             clock.tick(2 * c if bsp else c)
@@ -214,9 +214,9 @@ def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     p = feature_stats([ctx.state["local"]])
     gk = ctx.state["ids"][p.keys]
     sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
-    ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part)
+    ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part, unique=True)
     extremes = np.column_stack([p.vmax, -p.vmin])
-    ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part)
+    ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part, unique=True)
     y = ctx.state["local"].labels
     n_neg = int(np.count_nonzero((y < 0) | (y != np.floor(y))))  # MLlib's label checks, folded
     n_multi = int(np.count_nonzero(y > 1)) - int(np.count_nonzero((y > 1) & (y != np.floor(y))))
@@ -238,7 +238,7 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         ctx.state["inv_std"] = ctx.tensor(cmd["inv_std"]).pull(keys)
         ctx.state["inv_std_name"] = cmd["inv_std"]
     t0 = time.perf_counter()
-    coef = ctx.tensor(cmd["x"]).pull(keys)
+    coef = ctx.tensor(cmd["x"]).pull(keys, unique=True)
     t1 = time.perf_counter()
     loss, grad, grad_b, wsum = loss_and_grad(
         local, coef, cmd["offset"], ctx.state["inv_std"], fit_intercept
@@ -246,9 +246,8 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     t2 = time.perf_counter()
     g = ctx.tensor(cmd["g"])
     if fit_intercept:
-        g.aggregate(np.append(keys, dim - 1), np.append(grad, grad_b), round=round_, part=ctx.part)
-    else:
-        g.aggregate(keys, grad, round=round_, part=ctx.part)
+        keys, grad = np.append(keys, dim - 1), np.append(grad, grad_b)
+    g.aggregate(keys, grad, round=round_, part=ctx.part, unique=True)
     ctx.contribute(round_, [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2])
 
 
@@ -263,7 +262,7 @@ def _softmax_grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         ctx.state["inv_std_name"] = cmd["inv_std"]
     t0 = time.perf_counter()
     K = len(cmd["offsets"])
-    coef = ctx.tensor(cmd["x"]).pull(keys).reshape(-1, K)
+    coef = ctx.tensor(cmd["x"]).pull(keys, unique=True).reshape(-1, K)
     t1 = time.perf_counter()
     loss, grad, grad_b, wsum = softmax_loss_and_grad(
         local, coef, np.asarray(cmd["offsets"]), ctx.state["inv_std"], fit_intercept
@@ -271,11 +270,8 @@ def _softmax_grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     t2 = time.perf_counter()
     g = ctx.tensor(cmd["g"])
     if fit_intercept:
-        g.aggregate(
-            np.append(keys, dim - 1), np.vstack([grad, grad_b]), round=round_, part=ctx.part
-        )
-    else:
-        g.aggregate(keys, grad, round=round_, part=ctx.part)
+        keys, grad = np.append(keys, dim - 1), np.vstack([grad, grad_b])
+    g.aggregate(keys, grad, round=round_, part=ctx.part, unique=True)
     ctx.contribute(round_, [loss, wsum, t1 - t0, t2 - t1, time.perf_counter() - t2, *grad_b])
 
 

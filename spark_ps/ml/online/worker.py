@@ -74,7 +74,7 @@ def weights(cfg: FTRLConfig, z: np.ndarray, n: np.ndarray, has_intercept: bool) 
 def pull_weights(cfg: FTRLConfig, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(state [k(+1), 2], weights) for sorted unique ``keys`` (+ the intercept key)."""
     pull_keys = np.append(keys, cfg.intercept_key) if cfg.fit_intercept else keys
-    zn = np.array(cfg.state.pull(pull_keys), dtype=np.float64).reshape(-1, 2)
+    zn = np.array(cfg.state.pull(pull_keys, unique=True), dtype=np.float64).reshape(-1, 2)
     return zn, weights(cfg, zn[:, 0], zn[:, 1], cfg.fit_intercept)
 
 
@@ -154,7 +154,7 @@ def learn_partition(cfg: FTRLConfig, batches: Iterator[pa.RecordBatch]) -> Itera
         stats = partition_stats(margins(cfg, local, w), csr.labels, _weights_of(csr))
         delta = _learn(cfg, local, zn)
         pull_keys = np.append(keys, cfg.intercept_key) if cfg.fit_intercept else keys
-        cfg.state.aggregate(pull_keys, delta, round=int(batch_id), part=part)
+        cfg.state.aggregate(pull_keys, delta, round=int(batch_id), part=part, unique=True)
     _maybe_fail(ctx, batch_id, part)
     yield pa.RecordBatch.from_pydict(
         {
