@@ -120,3 +120,20 @@ def test_a_cancelled_worker_job_is_not_launched_again(spark_ps, tmp_path):
             assert not job._thread.is_alive(), "the cancelled job was launched again"
             job.collect(r)
     assert len(os.listdir(tmp_path)) == 2  # no task ran the command again
+
+
+def test_a_task_of_an_aborted_launch_ends_once_a_newer_launch_is_posted(ps):
+    """A worker waiting for its next command gets it, from any launch; once the driver
+    posts a newer launch, a task of an older one stops waiting (it would hold its slot
+    and keep the relaunched barrier job from starting) while the new launch's tasks go on."""
+    from spark_ps.ml._job import next_command
+
+    client, topic = ps.client, f"job-test-{time.monotonic_ns()}"
+    client.post(f"{topic}/cmd", 1, {"op": "grad"})
+    assert next_command(client, topic, 1, launch=1, slice_s=0.2) == (1, {"op": "grad"})
+    client.post(f"{topic}/launch", 2, {"launch": 2})
+    t0 = time.monotonic()
+    assert next_command(client, topic, 2, launch=1, slice_s=0.2) is None
+    assert time.monotonic() - t0 < 5  # one slice and a look at the launches
+    client.post(f"{topic}/cmd", 2, {"op": "stop"})
+    assert next_command(client, topic, 2, launch=2, slice_s=0.2) == (2, {"op": "stop"})

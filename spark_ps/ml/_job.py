@@ -217,8 +217,10 @@ def run_worker_loop(
     setup: Callable[[Iterator[pa.RecordBatch], WorkerContext], None],
     handlers: dict[str, Callable[[WorkerContext, int, dict], None]],
     tls_ca: bytes | None = None,
+    launch: int = 1,
 ):
-    """Build the function a barrier `mapInArrow` runs: read once, then serve commands."""
+    """Build the function a barrier `mapInArrow` runs: read once, then serve commands.
+    `launch` numbers the launch of the job the function is built for (see `next_command`)."""
 
     recover = handlers.get("recover")
 
@@ -235,7 +237,16 @@ def run_worker_loop(
                 recover(ctx, state)
         last = -1
         while True:
-            round_, cmd = ctx.client.wait(f"{topic}/cmd", last + 1, timeout=3600)
+            got = next_command(ctx.client, topic, last + 1, launch)
+            if got is None:  # a newer launch runs: this task's job was aborted
+                log.warning(
+                    "partition %d ends: launch %d of its worker job was aborted and a newer "
+                    "one runs",
+                    ctx.part,
+                    launch,
+                )
+                return
+            round_, cmd = got
             op = cmd.get("op")
             if op == "stop":
                 ctx.injected_failure(cmd.get("_fault"), "on stop")
@@ -259,6 +270,31 @@ def run_worker_loop(
         ctx.contribute(round_, [1.0])
 
     return task
+
+
+#: A worker waits for its next command in slices of this many seconds, and at most
+#: COMMAND_WAIT seconds in all.
+WAIT_SLICE, COMMAND_WAIT = 5.0, 3600.0
+
+
+def next_command(
+    client, topic: str, round_: int, launch: int, slice_s: float = WAIT_SLICE
+) -> tuple[int, dict] | None:
+    """The command of `round_` (its round and payload), or None once a newer launch of the
+    job than `launch` has started. A task of an aborted launch must end: Spark's kill does
+    not always reach a Python worker that waits in a call (the executor's task thread was
+    seen spinning on the worker's pipe for minutes after "Stage cancelled"), and a task
+    that goes on holds its slot, so the relaunched barrier job never gets its slots."""
+    deadline = time.monotonic() + COMMAND_WAIT
+    while True:
+        try:
+            return client.wait(f"{topic}/cmd", round_, timeout=slice_s)
+        except Exception as e:  # noqa: BLE001 - a timed-out slice: look at the launches
+            if "timed out" not in str(e) or time.monotonic() > deadline:
+                raise
+        newest = _latest(client, f"{topic}/launch")
+        if newest is not None and int(newest.get("launch", 0)) > launch:
+            return None
 
 
 def _serve(handler, ctx: WorkerContext, round_: int, cmd: dict) -> None:
@@ -355,14 +391,14 @@ class PSJob:
         self.restarts: int | None = None  # shard restart count the fit's PS state matches
         self.error: BaseException | None = None
         self.result: list | None = None
-        fn = run_worker_loop(
+        self._loop_args = (
             ps.address, ps.token, self.topic, setup, handlers, getattr(ps, "tls_ca", None)
-        )
+        )  # fmt: skip
         # One barrier result stage, relaunched by `_run` when it fails: Spark aborts a failed
         # barrier result stage where it re-runs a shuffle-map one, but the shuffle that made
         # it one cost every fit a second stage, ~0.1 s at the end (measured).
-        self._source, self._fn = df, fn
-        self._df = self._worker_df()
+        self._source = df
+        self._df = self._worker_df(1)
         self._sc = df.sparkSession.sparkContext
         self._stopping = False
         self._cap_lock, self._uncapped = threading.Lock(), False
@@ -380,8 +416,9 @@ class PSJob:
         try:
             for launch in range(1, launches + 1):
                 try:
-                    if launch > 1:
-                        self._df = self._worker_df()
+                    if launch > 1:  # tasks of an earlier launch still waiting end now
+                        self.ps.client.post(f"{self.topic}/launch", launch, {"launch": launch})
+                        self._df = self._worker_df(launch)
                     self.result = self._df.collect()
                     return
                 except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
@@ -415,12 +452,13 @@ class PSJob:
         finally:
             self._restore_cap()
 
-    def _worker_df(self):
+    def _worker_df(self, launch: int):
         """A new Dataset of the worker job for every launch: an adaptive plan (an input
         with a shuffle, e.g. ``repartition(n).cache()``) keeps its query stages, so
         collecting a Dataset whose stage failed throws that failure again without
-        starting a job."""
-        return self._source.mapInArrow(self._fn, _DONE_SCHEMA, barrier=True)
+        starting a job. Its tasks know their launch (see `next_command`)."""
+        fn = run_worker_loop(*self._loop_args, launch=launch)
+        return self._source.mapInArrow(fn, _DONE_SCHEMA, barrier=True)
 
     def _restore_cap(self) -> None:
         """Put the session's Arrow byte cap back, once: as soon as the workers answer a
