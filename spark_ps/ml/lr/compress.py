@@ -102,16 +102,17 @@ class QuantizedWeights:
         """Quantize ``values`` (dense when ``keys`` is None, else at the sorted ``keys``).
 
         Drops exact zeros, weights with ``|w| < prune`` and the smallest ``prune_fraction``
-        of the weights by magnitude.
+        of the non-zero weights by magnitude.
         """
         check_compression(bits, prune, prune_fraction, "compress")
         values = np.asarray(values, dtype=np.float64)
         ids = np.arange(values.size, dtype=np.int64) if keys is None else keys
         mag = np.abs(values)
         keep = (mag >= prune) & (mag > 0.0)
-        k = int(prune_fraction * values.size)
+        nonzero = np.flatnonzero(mag > 0.0)
+        k = int(prune_fraction * nonzero.size)  # a fraction of the non-zero weights
         if k:
-            keep[np.argpartition(mag, k - 1)[:k]] = False
+            keep[nonzero[np.argpartition(mag[nonzero], k - 1)[:k]]] = False
         dropped = mag[~keep]
         pruned_max = float(dropped.max()) if dropped.size else 0.0
         kept_ids, kept = ids[keep], values[keep]

@@ -233,9 +233,10 @@ class LogisticRegressionModel(
 
         Each block of 256 stored weights gets one float64 scale and ``bits``-bit integer
         codes (8 or 16, symmetric); weights with ``|w| < prune`` and the smallest
-        ``pruneFraction`` of them are dropped. Keys of a sparse model are gap-coded in 1 to
-        8 bytes. ``transform`` dequantizes only the weights each batch touches; the
-        coefficient attributes, ``save`` and :py:meth:`toMLlib` see the dequantized values.
+        ``pruneFraction`` of the non-zero ones are dropped. Keys of a sparse model are
+        gap-coded in 1 to 8 bytes. ``transform`` dequantizes only the weights each batch
+        touches; the coefficient attributes, ``save`` and :py:meth:`toMLlib` see the
+        dequantized values.
 
         Sizes against float64 values (+ int64 keys when sparse): 8 bits ~7.9x dense, ~5-8x
         sparse; 16 bits ~3.97x dense without pruning (4x is the most 16-bit codes can give
