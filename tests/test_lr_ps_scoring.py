@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_ps.data import CSRBatch
-from spark_ps.ml.lr import scoring
+from spark_ps.ml.lr import ps_model, scoring
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.lr.ps_model import PSLogisticRegressionModel, PSScoring, choose_path
 from spark_ps.ml.lr.scoring import ScoringCoefficients
@@ -59,6 +59,12 @@ def test_pulled_and_partial_margins_equal_the_in_memory_ones(ps, ones):
         for path in ("pull", "partial", "auto"):
             got = PSScoring(on_ps.weights, 0.3, path).margins(csr)
             assert np.all(np.abs(got - exact) <= tol), (path, np.abs(got - exact).max())
+        ps_model.PARTIAL_MAX_BYTES = 4096  # many row ranges, the same sums
+        try:
+            got = PSScoring(on_ps.weights, 0.3, "partial").margins(csr)
+        finally:
+            ps_model.PARTIAL_MAX_BYTES = None
+        assert np.all(np.abs(got - exact) <= tol)
         empty = CSRBatch(np.zeros(3, np.int64), np.zeros(0, np.int64), np.zeros(0), D24)
         np.testing.assert_array_equal(PSScoring(on_ps.weights, 0.3, "partial").margins(empty), 0.3)
         assert on_ps.collects == 0

@@ -72,7 +72,36 @@ class PSScoring:
         if path == "pull":
             w = self.weights.pull(keys)
             return row_sums(local.indptr, local.values * w[local.indices]) + self.intercept
-        return partial_margins(self.weights, keys, local) + self.intercept
+        limit = PARTIAL_MAX_BYTES or self.weights.client.chunk_bytes
+        out = [partial_margins(self.weights, *part.localize()) for part in _row_chunks(csr, limit)]
+        return np.concatenate(out) + self.intercept
+
+
+#: Largest request of one ``scoring.margins`` call (None: the client's chunk size); a batch
+#: whose entries would exceed it is sent in row ranges (server function calls are not
+#: chunked by the client).
+PARTIAL_MAX_BYTES: int | None = None
+
+
+def _row_chunks(csr: CSRBatch, limit: int):
+    """Row ranges of ``csr`` whose partial-margin requests stay below ``limit`` bytes
+    (20 bytes an entry at most, 16 a row); a row alone above it is its own range."""
+    cost = np.cumsum(20 * np.diff(csr.indptr) + 16)
+    if cost[-1] <= limit:
+        yield csr
+        return
+    start = 0
+    while start < csr.n_rows:
+        base = cost[start - 1] if start else 0
+        stop = max(int(np.searchsorted(cost, base + limit, side="right")), start + 1)
+        lo, hi = int(csr.indptr[start]), int(csr.indptr[stop])
+        yield CSRBatch(
+            csr.indptr[start : stop + 1] - lo,
+            csr.indices[lo:hi],
+            csr.values[lo:hi],
+            csr.num_features,
+        )
+        start = stop
 
 
 def partial_margins(weights: PSVector, keys: np.ndarray, local: CSRBatch) -> np.ndarray:
