@@ -72,8 +72,10 @@ class PSScoring:
         if path == "pull":
             w = self.weights.pull(keys)
             return row_sums(local.indptr, local.values * w[local.indices]) + self.intercept
-        limit = PARTIAL_MAX_BYTES or self.weights.client.chunk_bytes
-        out = [partial_margins(self.weights, *part.localize()) for part in _row_chunks(csr, limit)]
+        parts = list(_row_chunks(csr, PARTIAL_MAX_BYTES or self.weights.client.chunk_bytes))
+        if len(parts) == 1:
+            return partial_margins(self.weights, keys, local) + self.intercept
+        out = [partial_margins(self.weights, *part.localize()) for part in parts]
         return np.concatenate(out) + self.intercept
 
 
