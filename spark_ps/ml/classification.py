@@ -19,6 +19,7 @@ from spark_ps.ml.lr import lbfgs as _lbfgs  # noqa: F401 - registers the lbfgs t
 from spark_ps.ml.lr import minibatch as _minibatch  # noqa: F401 - registers sgd/adam/ftrl
 from spark_ps.ml.lr.estimator import LogisticRegression
 from spark_ps.ml.lr.model import LogisticRegressionModel
+from spark_ps.ml.lr.ps_model import PSLogisticRegressionModel
 from spark_ps.ml.lr.summary import (
     BinaryLogisticRegressionSummary,
     BinaryLogisticRegressionTrainingSummary,
@@ -31,6 +32,7 @@ __all__ = [
     "GBTClassificationModel",
     "LogisticRegression",
     "LogisticRegressionModel",
+    "PSLogisticRegressionModel",
     "BinaryLogisticRegressionSummary",
     "BinaryLogisticRegressionTrainingSummary",
     "LinearSVC",

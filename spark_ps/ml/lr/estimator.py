@@ -118,7 +118,9 @@ class LogisticRegression(
     label column has more than two classes (from its nominal metadata, else max label + 1).
 
     Accepts MLlib's Params with MLlib's defaults plus ``solver``, ``batchSize``,
-    ``stepSize``, ``numShards``, ``staleness``, ``numWorkers`` and ``featureValuesCol``.
+    ``stepSize``, ``numShards``, ``staleness``, ``numWorkers``, ``featureValuesCol`` and
+    ``compressBits`` / ``compressPrune`` / ``compressPruneFraction`` (a compressed model,
+    see :py:meth:`LogisticRegressionModel.compress`).
 
     Examples
     --------
@@ -162,6 +164,9 @@ class LogisticRegression(
         numWorkers: int = 0,
         featureValuesCol: str | None = None,
         checkpointInterval: int = 10,
+        compressBits: int = 0,
+        compressPrune: float = 0.0,
+        compressPruneFraction: float = 0.0,
     ):
         """If the threshold and thresholds Params are both set, they must be equivalent."""
         super().__init__()
@@ -200,6 +205,9 @@ class LogisticRegression(
         numWorkers: int = 0,
         featureValuesCol: str | None = None,
         checkpointInterval: int = 10,
+        compressBits: int = 0,
+        compressPrune: float = 0.0,
+        compressPruneFraction: float = 0.0,
     ) -> LogisticRegression:
         """Sets Params by keyword; threshold and thresholds, if both given, must agree."""
         self._set(**self._input_kwargs)
@@ -298,6 +306,18 @@ class LogisticRegression(
         """Sets the value of :py:attr:`featureValuesCol`."""
         return self._set(featureValuesCol=value)
 
+    def setCompressBits(self, value: int) -> LogisticRegression:
+        """Sets the value of :py:attr:`compressBits`."""
+        return self._set(compressBits=value)
+
+    def setCompressPrune(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`compressPrune`."""
+        return self._set(compressPrune=value)
+
+    def setCompressPruneFraction(self, value: float) -> LogisticRegression:
+        """Sets the value of :py:attr:`compressPruneFraction`."""
+        return self._set(compressPruneFraction=value)
+
     # fit ---------------------------------------------------------------------------------
 
     def _fit(self, dataset: DataFrame) -> LogisticRegressionModel:
@@ -316,6 +336,11 @@ class LogisticRegression(
         # (null/NaN/negative) are still checked here first, with MLlib's plain ValueError.
         num_classes = self._check_labels(dataset)
         multinomial = self._check_family(num_classes)
+        if multinomial and self.getCompressBits():
+            raise NotImplementedError(
+                f"{self.uid} parameter compressBits={self.getCompressBits()}: only binomial "
+                f"models can be compressed (this fit is multinomial, {num_classes} classes)"
+            )
         trainer = get_trainer(self.getSolver())
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
         params.update(numClasses=num_classes, multinomial=multinomial)
@@ -337,6 +362,10 @@ class LogisticRegression(
             )
         model._resetUid(self.uid)
         self._copyValues(model)
+        if self.getCompressBits():
+            model = model.compress(
+                self.getCompressBits(), self.getCompressPrune(), self.getCompressPruneFraction()
+            )
         model._set_training_summary(dataset, result.objective_history, result.total_iterations)
         model._timestamps = list(result.iteration_timestamps or [])
         model._fit_phases = dict(result.phases or {})

@@ -85,9 +85,33 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
         typeConverter=TypeConverters.toString,
     )
 
+    compressBits: Param[int] = Param(
+        Params._dummy(),
+        "compressBits",
+        "Compress the fitted binomial model to block-quantized coefficients of this many bits "
+        "(8 or 16; 0 = keep float64). See LogisticRegressionModel.compress.",
+        typeConverter=TypeConverters.toInt,
+    )
+    compressPrune: Param[float] = Param(
+        Params._dummy(),
+        "compressPrune",
+        "With compressBits: drop coefficients whose |w| is below this threshold (>= 0).",
+        typeConverter=TypeConverters.toFloat,
+    )
+    compressPruneFraction: Param[float] = Param(
+        Params._dummy(),
+        "compressPruneFraction",
+        "With compressBits: drop this fraction of the coefficients, smallest |w| first "
+        "(in [0, 1)).",
+        typeConverter=TypeConverters.toFloat,
+    )
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(
+            compressBits=0,
+            compressPrune=0.0,
+            compressPruneFraction=0.0,
             solver="lbfgs",
             batchSize=4096,
             stepSize=0.1,
@@ -116,6 +140,18 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
     def getNumWorkers(self) -> int:
         """Gets the value of :py:attr:`numWorkers` or its default value."""
         return self.getOrDefault(self.numWorkers)
+
+    def getCompressBits(self) -> int:
+        """Gets the value of :py:attr:`compressBits` or its default value."""
+        return self.getOrDefault(self.compressBits)
+
+    def getCompressPrune(self) -> float:
+        """Gets the value of :py:attr:`compressPrune` or its default value."""
+        return self.getOrDefault(self.compressPrune)
+
+    def getCompressPruneFraction(self) -> float:
+        """Gets the value of :py:attr:`compressPruneFraction` or its default value."""
+        return self.getOrDefault(self.compressPruneFraction)
 
     def getFeatureValuesCol(self) -> str:
         """Gets the value of :py:attr:`featureValuesCol` or its default value."""
@@ -157,6 +193,7 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
             "numShards": 0,
             "staleness": -1,
             "numWorkers": 0,
+            "compressPrune": 0.0,
         }
         for name, low in lower_bounded.items():
             if not self.getOrDefault(self.getParam(name)) >= low:  # also rejects NaN
@@ -170,6 +207,10 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
             raise self._invalid("checkpointInterval", "-1 or >= 1")
         if not self.getStepSize() > 0.0 or math.isinf(self.getStepSize()):
             raise self._invalid("stepSize", "a finite value > 0")
+        if self.getCompressBits() not in (0, 8, 16):
+            raise self._invalid("compressBits", "0 (no compression), 8 or 16")
+        if not 0.0 <= self.getCompressPruneFraction() < 1.0:
+            raise self._invalid("compressPruneFraction", "in [0, 1)")
         if self.getFamily().lower() not in _FAMILIES:
             raise self._invalid("family", f"one of {', '.join(_FAMILIES)}")
         if self.getSolver() not in SOLVERS:

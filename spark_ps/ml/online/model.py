@@ -96,6 +96,13 @@ class LiveLogisticRegressionModel(LogisticRegressionModel):
     def coefficientValues(self) -> np.ndarray:
         return self.snapshot().coefficientValues
 
+    def compress(
+        self, bits: int = 8, prune: float = 0.0, pruneFraction: float = 0.0
+    ) -> LogisticRegressionModel:
+        """A compressed static model of the current weights (see
+        ``LogisticRegressionModel.compress``)."""
+        return self.snapshot().compress(bits, prune, pruneFraction)
+
     def toMLlib(self) -> MLlibLogisticRegressionModel:
         """A genuine MLlib model of the current weights (see ``LogisticRegressionModel``)."""
         return self.snapshot().toMLlib()
