@@ -31,6 +31,12 @@ __all__ = ["LogisticRegressionModel"]
 _INT32_MAX = 2**31 - 1
 
 
+#: ``LogisticRegressionModel -> PSLogisticRegressionModel``, set by
+#: :mod:`spark_ps.ml.lr.ps_model` when it is imported: that module subclasses this model,
+#: so the dependency runs from it to here, never back.
+_TO_PS: Any = None
+
+
 class LogisticRegressionModel(
     _LogisticRegressionParams,
     ArrowScoring,
@@ -222,9 +228,9 @@ class LogisticRegressionModel(
         """This binomial model's non-zero coefficients in a new sparse PS vector, as a
         ``PSLogisticRegressionModel`` whose ``transform`` reads them there (see
         :mod:`spark_ps.ml.lr.ps_model`); ``context`` defaults to the active PSContext."""
-        from spark_ps.ml.lr.ps_model import to_ps
-
-        return to_ps(self, context, name)
+        if _TO_PS is None:  # ps_model registers it on import (spark_ps.ml.classification)
+            raise RuntimeError("toPS needs spark_ps.ml.lr.ps_model imported first")
+        return _TO_PS(self, context, name)
 
     def compress(
         self, bits: int = 8, prune: float = 0.0, pruneFraction: float = 0.0

@@ -33,6 +33,7 @@ import numpy as np
 from pyspark.ml.param import Param, Params, TypeConverters
 
 from spark_ps.data import CSRBatch
+from spark_ps.ml.lr import model as lr_model
 from spark_ps.ml.lr.model import LogisticRegressionModel
 from spark_ps.ml.lr.scoring import row_sums
 from spark_ps.models import PSVector
@@ -304,3 +305,6 @@ def to_ps(model: LogisticRegressionModel, context=None, name: str | None = None)
     out._resetUid(model.uid)
     model._copyValues(out)
     return out
+
+
+lr_model._TO_PS = to_ps
