@@ -122,18 +122,49 @@ def test_a_cancelled_worker_job_is_not_launched_again(spark_ps, tmp_path):
     assert len(os.listdir(tmp_path)) == 2  # no task ran the command again
 
 
-def test_a_task_of_an_aborted_launch_ends_once_a_newer_launch_is_posted(ps):
-    """A worker waiting for its next command gets it, from any launch; once the driver
-    posts a newer launch, a task of an older one stops waiting (it would hold its slot
-    and keep the relaunched barrier job from starting) while the new launch's tasks go on."""
-    from spark_ps.ml._job import next_command
+def test_a_worker_of_an_aborted_launch_exits_once_a_newer_launch_is_posted(ps, tmp_path):
+    """A worker process whose launch the driver replaced exits, wherever it is blocked (here
+    in a one-hour command wait): Spark's kill does not always reach it, and it would hold
+    its slot and keep the relaunched barrier job from starting. A worker of the newest
+    launch, and one whose task ended (its watch stopped), go on."""
+    import subprocess
+    import sys
+
+    from spark_ps.ml._job import superseded
 
     client, topic = ps.client, f"job-test-{time.monotonic_ns()}"
-    client.post(f"{topic}/cmd", 1, {"op": "grad"})
-    assert next_command(client, topic, 1, launch=1, slice_s=0.2) == (1, {"op": "grad"})
-    client.post(f"{topic}/launch", 2, {"launch": 2})
-    t0 = time.monotonic()
-    assert next_command(client, topic, 2, launch=1, slice_s=0.2) is None
-    assert time.monotonic() - t0 < 5  # one slice and a look at the launches
-    client.post(f"{topic}/cmd", 2, {"op": "stop"})
-    assert next_command(client, topic, 2, launch=2, slice_s=0.2) == (2, {"op": "stop"})
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import sys, time\n"
+        "from spark_ps.client import PSClient\n"
+        "from spark_ps.ml._job import LaunchWatch\n"
+        "address, token, topic, launch, stop = sys.argv[1:6]\n"
+        "c = PSClient(address, token=token)\n"
+        "w = LaunchWatch(c, topic, int(launch), 0, every=0.2)\n"
+        "w.start()\n"
+        "if stop == 'stop':\n"
+        "    w.stop()\n"
+        "    time.sleep(2)\n"
+        "    sys.exit(0)\n"
+        "c.wait(topic + '/cmd', 1, timeout=3600)\n"
+    )
+
+    def worker(launch: int, stop: str = "") -> subprocess.Popen:
+        args = [ps.address, ps.token or "", topic, str(launch), stop]
+        return subprocess.Popen([sys.executable, str(script), *args])
+
+    old, new, done = worker(1), worker(2), worker(1, "stop")
+    try:
+        time.sleep(1.0)
+        assert old.poll() is None and new.poll() is None  # no newer launch yet: both wait
+        assert not superseded(client, topic, 1)
+        client.post(f"{topic}/launch", 2, {"launch": 2})
+        assert superseded(client, topic, 1) and not superseded(client, topic, 2)
+        assert old.wait(timeout=30) == 3  # the aborted launch's worker is gone
+        assert done.wait(timeout=30) == 0  # a finished task's watch no longer acts
+        time.sleep(1.0)
+        assert new.poll() is None  # the newest launch's worker still waits for commands
+    finally:
+        for p in (old, new, done):
+            p.kill()
+            p.wait()

@@ -236,28 +236,24 @@ def run_worker_loop(
             if state is not None:
                 recover(ctx, state)
         last = -1
-        while True:
-            got = next_command(ctx.client, topic, last + 1, launch)
-            if got is None:  # a newer launch runs: this task's job was aborted
-                log.warning(
-                    "partition %d ends: launch %d of its worker job was aborted and a newer "
-                    "one runs",
-                    ctx.part,
-                    launch,
-                )
-                return
-            round_, cmd = got
-            op = cmd.get("op")
-            if op == "stop":
-                ctx.injected_failure(cmd.get("_fault"), "on stop")
-                break
-            handler = _rewind if op == "rewind" else handlers.get(op)
-            if handler is None:
-                raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
-            ctx.state["_fault"] = cmd.get("_fault")
-            ctx.state["_faults"] = cmd.get("_faults")
-            _serve(handler, ctx, round_, cmd)
-            last = round_
+        watch = LaunchWatch(ctx.client, topic, launch, ctx.part)
+        watch.start()
+        try:
+            while True:
+                round_, cmd = ctx.client.wait(f"{topic}/cmd", last + 1, timeout=3600)
+                op = cmd.get("op")
+                if op == "stop":
+                    ctx.injected_failure(cmd.get("_fault"), "on stop")
+                    break
+                handler = _rewind if op == "rewind" else handlers.get(op)
+                if handler is None:
+                    raise ValueError(f"unknown worker command {op!r} (known: {sorted(handlers)})")
+                ctx.state["_fault"] = cmd.get("_fault")
+                ctx.state["_faults"] = cmd.get("_faults")
+                _serve(handler, ctx, round_, cmd)
+                last = round_
+        finally:
+            watch.stop()
         rows = int(ctx.state.get("rows", 0))
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([ctx.part], pa.int64()), "rows": pa.array([rows], pa.int64())}
@@ -272,29 +268,50 @@ def run_worker_loop(
     return task
 
 
-#: A worker waits for its next command in slices of this many seconds, and at most
-#: COMMAND_WAIT seconds in all.
-WAIT_SLICE, COMMAND_WAIT = 5.0, 3600.0
+#: Seconds between a worker's looks at its job's newest launch.
+WATCH_EVERY = 5.0
 
 
-def next_command(
-    client, topic: str, round_: int, launch: int, slice_s: float = WAIT_SLICE
-) -> tuple[int, dict] | None:
-    """The command of `round_` (its round and payload), or None once a newer launch of the
-    job than `launch` has started. A task of an aborted launch must end: Spark's kill does
-    not always reach a Python worker that waits in a call (the executor's task thread was
-    seen spinning on the worker's pipe for minutes after "Stage cancelled"), and a task
-    that goes on holds its slot, so the relaunched barrier job never gets its slots."""
-    deadline = time.monotonic() + COMMAND_WAIT
-    while True:
-        try:
-            return client.wait(f"{topic}/cmd", round_, timeout=slice_s)
-        except Exception as e:  # noqa: BLE001 - a timed-out slice: look at the launches
-            if "timed out" not in str(e) or time.monotonic() > deadline:
-                raise
-        newest = _latest(client, f"{topic}/launch")
-        if newest is not None and int(newest.get("launch", 0)) > launch:
-            return None
+def superseded(client, topic: str, launch: int) -> bool:
+    """Has the driver posted a newer launch of job `topic` than `launch`?"""
+    newest = _latest(client, f"{topic}/launch")
+    return newest is not None and int(newest.get("launch", 0)) > launch
+
+
+class LaunchWatch(threading.Thread):
+    """Ends this Python worker once a newer launch of its job has started.
+
+    A task of an aborted launch must end: Spark's kill does not always reach a Python
+    worker that waits in a call (an executor's task thread was seen spinning on the
+    worker's pipe for minutes after "Stage cancelled", its worker blocked in a command
+    wait or a GBT rendezvous), and a task that goes on holds its slot, so the relaunched
+    barrier job never gets its slots. Exiting the worker process is what Spark's own kill
+    does; the executor's daemon forks a new one for the next task."""
+
+    def __init__(self, client, topic: str, launch: int, part: int, every: float = WATCH_EVERY):
+        super().__init__(daemon=True, name=f"spark-ps launch watch {topic}")
+        self.client, self.topic, self.launch, self.part = client, topic, launch, part
+        self.every = every
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.every):
+            try:
+                gone = superseded(self.client, self.topic, self.launch)
+            except Exception:  # noqa: BLE001 - the coordinator is restarting: look again
+                continue
+            if gone and not self._done.is_set():
+                log.warning(
+                    "partition %d: launch %d of worker job %s was aborted and a newer one "
+                    "runs; this worker exits",
+                    self.part,
+                    self.launch,
+                    self.topic,
+                )
+                os._exit(3)
+
+    def stop(self) -> None:
+        self._done.set()
 
 
 def _serve(handler, ctx: WorkerContext, round_: int, cmd: dict) -> None:

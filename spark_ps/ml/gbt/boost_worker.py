@@ -34,7 +34,7 @@ from ps_server.functions.gbt import merge_best
 from ps_server.functions.gbt_layer import decode_splits
 from ps_server.keys import range_bounds
 from spark_ps.ml._job import WorkerContext
-from spark_ps.ml.online.metrics import NUM_BINS, binned_auc
+from spark_ps.ml.binned_metrics import NUM_BINS, binned_auc
 from spark_ps.ml.tree import kernels
 from spark_ps.ml.tree.binning import row_uniform
 from spark_ps.ml.tree.histogram import (
@@ -158,7 +158,7 @@ def _losses(s: dict) -> list[float]:
 def validation_histograms(s: dict) -> np.ndarray:
     """The validation rows' weighted histograms of P(y=1) (``NUM_BINS`` equal bins on [0, 1],
     positives then negatives): summed over partitions, they give the validation AUC
-    (:func:`~spark_ps.ml.online.metrics.binned_auc`). Empty on a partition without such rows."""
+    (:func:`~spark_ps.ml.binned_metrics.binned_auc`). Empty on a partition without such rows."""
     with np.errstate(over="ignore"):  # P(y=1) as the model's probability column has it
         p1 = 1.0 - 1.0 / (1.0 + np.exp(2.0 * s["vpred"]))
     bins = (p1 * NUM_BINS).astype(np.int64)

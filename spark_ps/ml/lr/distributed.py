@@ -400,7 +400,7 @@ def _solve(
     result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
     result.iteration_timestamps = list(stamps)
     phases.mark("coefficients")
-    result.phases = {**phases.seconds, **{k: round(v, 4) for k, v in fit.spent.items()}}
+    result.phases = {**phases.seconds, **{k: round(float(v), 4) for k, v in fit.spent.items()}}
     return result
 
 

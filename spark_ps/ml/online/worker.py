@@ -22,7 +22,7 @@ from pyspark import TaskContext
 
 from ps_server.optim import ftrl_accumulate, ftrl_weights
 from spark_ps.data import CSRBatch, check_binary_labels, iter_minibatches, read_partition
-from spark_ps.ml.online.metrics import partition_stats
+from spark_ps.ml.binned_metrics import partition_stats
 from spark_ps.models import PSMatrix
 
 __all__ = [
