@@ -365,30 +365,8 @@ def _solve(
     bar = Progress("spark-ps LogisticRegression", int(params["maxIter"]))
     timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
-    if built.get("box") is not None:  # after a restart: the fit starts over from set-up
-        del stamps[:]
-        res = minimize_lbfgsb(
-            space,
-            timed_evaluate,
-            x,
-            built["box"],
-            max_iter=params["maxIter"],
-            tol=params["tol"],
-            m=10,
-            callback=progress,
-        )
-    else:
-        res = minimize_lbfgs(
-            space,
-            timed_evaluate,
-            x,
-            max_iter=params["maxIter"],
-            tol=params["tol"],
-            m=10,
-            l1=vecs.l1_weight,
-            callback=progress,
-            **_resume_hooks(recovery, space, stamps, resume),
-        )
+    res = solve(space, timed_evaluate, x, built.get("box"), params, vecs.l1_weight, progress,
+                lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
     bar.close()
     phases.mark("iterations")
     log.info("evaluations: %s", {k: round(v, 3) for k, v in fit.spent.items()})
@@ -420,6 +398,17 @@ def _timed(evaluate, stamps: list, phases: _Phases, bar: Progress):
         bar.update(info.iteration, loss=info.value)
 
     return timed_evaluate, progress
+
+
+def solve(space, evaluate, x, box, params: dict, l1, callback, hooks, stamps: list):
+    """MLlib's solver for a binomial or multinomial fit: L-BFGS-B within `box` (bound
+    constraints; after a restart it starts over from set-up, so its timestamps restart),
+    else L-BFGS (OWL-QN with `l1`) with the recovery `hooks()` (see `_resume_hooks`)."""
+    common = dict(max_iter=params["maxIter"], tol=params["tol"], m=10, callback=callback)
+    if box is not None:
+        del stamps[:]
+        return minimize_lbfgsb(space, evaluate, x, box, **common)
+    return minimize_lbfgs(space, evaluate, x, l1=l1, **common, **hooks())
 
 
 def _resume_hooks(recovery: FitRecovery, space: PSVecSpace, stamps: list, resume) -> dict:

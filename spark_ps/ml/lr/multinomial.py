@@ -25,7 +25,7 @@ from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
-from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of, minimize_lbfgsb
+from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of
 from spark_ps.ml.lr.distributed import (
     _key_space,
     _KeySpace,
@@ -33,10 +33,11 @@ from spark_ps.ml.lr.distributed import (
     _release,
     _resume_hooks,
     _timed,
+    solve,
 )
 from spark_ps.ml.lr.estimator import TrainResult
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
-from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
+from spark_ps.ml.lr.optim import WARM
 from spark_ps.ml.lr.ps_space import PSVecSpace
 from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 from spark_ps.ml.lr.softmax import constant_label_model, finish_multinomial, initial_intercepts
@@ -242,30 +243,8 @@ def _solve(
     timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
     box = built.get("box")
-    if box is not None:  # after a restart: the fit starts over from set-up
-        del stamps[:]
-        res = minimize_lbfgsb(
-            space,
-            timed_evaluate,
-            x,
-            box,
-            max_iter=params["maxIter"],
-            tol=params["tol"],
-            m=10,
-            callback=progress,
-        )
-    else:
-        res = minimize_lbfgs(
-            space,
-            timed_evaluate,
-            x,
-            max_iter=params["maxIter"],
-            tol=params["tol"],
-            m=10,
-            l1=vecs.l1_weight,
-            callback=progress,
-            **_resume_hooks(recovery, space, stamps, resume),
-        )
+    res = solve(space, timed_evaluate, x, box, params, vecs.l1_weight, progress,
+                lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
     bar.close()
     phases.mark("iterations")
     built["x"] = res.x  # the solver's working vectors were swapped: release the live one
