@@ -68,7 +68,7 @@ class TensorSpec:
 
     def group(self, keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """Positions of `keys` grouped by shard: (order or None for "as they are", offsets);
-        see :func:`ps_server.keys.group_by_shard`."""
+        see ``ps_server.keys.group_by_shard``."""
         if self.kind == "dense" and is_strictly_increasing(keys):
             return None, np.searchsorted(keys, self.bounds()).astype(np.int64)
         return group_by_shard(keys, self.num_shards, self._route_bounds())

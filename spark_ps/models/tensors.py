@@ -121,7 +121,7 @@ class PSTensor:
     def pull(self, keys: np.ndarray | None = None, slot: str = "", *, unique: bool = False):
         """Values at `keys`; with no keys, everything (dense: the full array; sparse:
         a (keys, values) pair of the touched rows). `unique=True`: the keys are known to be
-        distinct, so no deduplication pass is made (see :meth:`PSClient.pull`)."""
+        distinct, so no deduplication pass is made (see ``PSClient.pull``)."""
         if keys is None:
             k, v = self.client.pull_all(self.spec, slot)
             return v if self.spec.kind == "dense" else (k, v)

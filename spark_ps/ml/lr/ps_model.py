@@ -158,7 +158,7 @@ class PSLogisticRegressionModel(LogisticRegressionModel, _PSScoringParams):
     """A binomial ``LogisticRegressionModel`` whose coefficients live in a sparse PS vector.
 
     ``transform`` follows ``scoringPath`` (see :mod:`spark_ps.ml.lr.ps_model`). Coefficient
-    attributes, :py:meth:`toMLlib` and ``save`` collect the weights (counted in
+    attributes, ``toMLlib()`` and ``save`` collect the weights (counted in
     :py:attr:`collects`); ``save`` writes a plain ``LogisticRegressionModel``.
     """
 
