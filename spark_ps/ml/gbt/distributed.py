@@ -76,7 +76,7 @@ def _thresholds(
     counts = PSMatrix.sparse(2, name=f"{name}/sketch-counts", dtype="int64", context=ps)
     values = PSMatrix.sparse(2, name=f"{name}/sketch-values", context=ps)
     try:
-        job.call(
+        r, _ = job.call(
             "sketch",
             counts=counts.name,
             values=values.name,
@@ -84,6 +84,7 @@ def _thresholds(
             fraction=sketch_fraction(n_rows, max_bins),
             seed=p.seed,
         )
+        counts.reduce(r)  # every partition's summary once, however often it was pushed
         keys, fv = values.pull()
         wc = counts.pull(keys)
     finally:

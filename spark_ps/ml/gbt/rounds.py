@@ -132,7 +132,9 @@ def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
 
 
 def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Push this partition's exact value summary; equal (feature, value) keys add up."""
+    """Push this partition's exact value summary; equal (feature, value) keys add up. The
+    counts are this partition's exactly-once contribution to the round: a task that pushed
+    and died, and its relaunch (or a task of an aborted launch still running), count once."""
     s = ctx.state
     sk = summarize(
         s["X"],
@@ -145,7 +147,8 @@ def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     feat = np.repeat(np.arange(sk.num_features), np.diff(sk.indptr))
     keys = _sketch_keys(feat, sk.values)
     if keys.size:
-        ctx.tensor(cmd["counts"]).increment(keys, np.stack([sk.weights, sk.counts], axis=1))
+        counts = np.stack([sk.weights, sk.counts], axis=1)
+        ctx.tensor(cmd["counts"]).aggregate(keys, counts, round=round_, part=ctx.part)
         ctx.tensor(cmd["values"]).update(
             keys, np.stack([feat.astype(np.float64), sk.values], axis=1)
         )
