@@ -6,10 +6,10 @@ Run from the repository root::
 
 For each repeat, two coordinators across hosts are served on loopback in this process
 (no hosts join: the calls measured need none), one without and one with a journal in a
-temporary checkpoint directory (``ps_server.journal``). A client times, per call, a round
-board ``Post`` plus a ``Contribute`` of 8 floats (what every round of a fit sends; journaled
-with a plain write) and ``RegisterModel`` (journaled with an fsync, as launches,
-registrations and the shard map are). Prints one markdown row per repeat and the ratios.
+temporary checkpoint directory (``ps_server.coordinator.journal``). A client times, per
+call, a round board ``Post`` plus a ``Contribute`` of 8 floats (what every round of a fit
+sends; journaled with a plain write) and ``RegisterModel`` (journaled with an fsync, as
+launches, registrations and the shard map are). Prints one markdown row per repeat and the ratios.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a file: make `bench` importable
 
 import numpy as np
 
-from ps_server.host_service import HostService
+from ps_server.coordinator.host_service import HostService
 from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec
 

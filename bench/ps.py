@@ -74,7 +74,7 @@ def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) ->
     and the shard's apply (decode, checks, index and update on a local Tensor of the same
     spec, one shard doing all the keys). The rest of the call's time is the wire (gRPC)."""
     from ps_server.proto import ps_pb2 as pb
-    from ps_server.tensors import Tensor
+    from ps_server.shard.tensors import Tensor
     from ps_server.wire import from_array, to_array
 
     def prepare():

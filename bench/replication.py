@@ -44,7 +44,7 @@ def _phases(client, label: str, fn, repeat: int) -> dict:
 
 
 def run(keys_n: int, repeat: int, shards: int = 2) -> list[dict]:
-    from ps_server.service import Service
+    from ps_server.coordinator.service import Service
     from spark_ps.client import PSClient
     from spark_ps.client.spec import TensorSpec
 

@@ -74,7 +74,7 @@ class _Pusher:
 
 
 def _moves(address: str, token: str, reason: str, timeout: float = 600.0) -> dict:
-    from ps_server.status import status
+    from ps_server.coordinator.status import status
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         if done.returncode:
             raise RuntimeError(f"drain failed: {done.stderr[-2000:]}")
         t1 = time.monotonic()
-        from ps_server.status import status
+        from ps_server.coordinator.status import status
 
         st = status(svc.address, token)
         rows.append(_row("1st host drained", st, f"drain {gone}", mb, pusher, t0, t1))

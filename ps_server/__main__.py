@@ -17,10 +17,10 @@ __all__ = ["main", "COMMANDS"]
 
 #: Subcommands: name -> module whose main(argv) runs it.
 COMMANDS = {
-    "coordinator": "ps_server.host_service",
-    "shards": "ps_server.host_supervisor",
-    "status": "ps_server.status",
-    "drain": "ps_server.drain",
+    "coordinator": "ps_server.coordinator.host_service",
+    "shards": "ps_server.host.supervisor",
+    "status": "ps_server.coordinator.status",
+    "drain": "ps_server.coordinator.drain",
 }
 
 
@@ -82,8 +82,8 @@ def single_host(argv: list[str]) -> None:
     cli.add_ui_port(p)
     args = p.parse_args(argv)
     token = cli.apply_common(args)
+    from ps_server.coordinator.service import run
     from ps_server.lifecycle import keep_freed_memory
-    from ps_server.service import run
 
     keep_freed_memory()  # the coordinator relays board posts (a GBT fit's trees) too
     run(

@@ -145,7 +145,7 @@ def model_arrays(models: dict) -> dict[str, np.ndarray]:
 
 def models_from_arrays(data) -> dict:
     """Tensors back from `model_arrays` output (a dict or an `np.load` result)."""
-    from ps_server.tensors import Tensor
+    from ps_server.shard.tensors import Tensor
 
     names = list(data.keys()) if isinstance(data, dict) else data.files
     models = {}

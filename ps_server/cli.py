@@ -34,7 +34,7 @@ def add_common(p: argparse.ArgumentParser, limits: bool = True) -> None:
 
 
 def add_ui_port(p: argparse.ArgumentParser) -> None:
-    """Add --ui-port: the coordinator's status page (``ps_server.ui``)."""
+    """Add --ui-port: the coordinator's status page (``ps_server.coordinator.ui``)."""
     p.add_argument(
         "--ui-port",
         type=int,

@@ -1,9 +1,9 @@
 """The replication protocol's step logic: terms, sequence numbers, and who may do what.
 
 Pure: no I/O, no clock, no locks (the supervisor steps at the end are handed the one
-call they make, Configure). ``ps_server.replica`` (a shard's side) and
-``ps_server.coordinator`` (the map) call these steps under their own locks, the
-supervisors (``ps_server.service``) call the last two, and
+call they make, Configure). ``ps_server.shard.replica`` (a shard's side) and
+``ps_server.coordinator.servicer`` (the map) call these steps under their own locks, the
+supervisors (``ps_server.coordinator.service``) call the last two, and
 ``tests/test_replication_interleavings.py`` drives them all through every interleaving
 of small scenarios. docs/replication.md is the protocol written out; in short:
 

@@ -74,7 +74,7 @@ import tempfile
 import threading
 
 from ps_server.auth import is_loopback, new_token
-from ps_server.service import READY_PREFIX, UI_PREFIX
+from ps_server.coordinator.service import READY_PREFIX, UI_PREFIX
 from ps_server.tls import read_pem
 from spark_ps.client import PSClient
 from spark_ps.models.tensors import use_active_context
@@ -540,7 +540,8 @@ class PSContext:
         """The coordinator's recovery counters: ``restart`` (shards restarted from a
         checkpoint), ``promotion`` (backups that took over), ``restore`` (fits rolled back),
         ``checkpoint``, ``iteration_lost`` (iterations/trees redone), ``task_requeued``,
-        ``worker_lost`` and any other counted event (see ``ps_server.coordinator.COUNTERS``)."""
+        ``worker_lost`` and any other counted event (see
+        ``ps_server.coordinator.servicer.COUNTERS``)."""
         return self.client.metrics()
 
     # --- fits that checkpoint (spark_ps.ml._recovery.FitRecovery) ---

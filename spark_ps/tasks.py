@@ -1,5 +1,5 @@
 """Executor side of the coordinator's task queue: lease data shards, keep the lease
-alive, mark them DONE (see `ps_server.tasks` for the queue itself).
+alive, mark them DONE (see `ps_server.coordinator.tasks` for the queue itself).
 
 Workers name themselves ``executor:<id>/<name>``, so that when the JVM bridge's
 listener reports executor ``<id>`` lost, the coordinator gives that executor's

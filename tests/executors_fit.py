@@ -72,7 +72,7 @@ def kill_an_executor(spark, ps, procs: list[dict]) -> dict:
     """SIGKILL the JVM of the executor that hosts partition 0; report its PS processes
     still alive 20 s later, and the map once the coordinator lost that host and Spark's
     replacement executor joined (or 90 s passed)."""
-    from ps_server.status import status
+    from ps_server.coordinator.status import status
 
     app, before = spark.sparkContext.applicationId, status(ps.address, ps.token)
     victim = before["partitions"][0]["host"]
@@ -111,7 +111,7 @@ def fit_with_a_killed_executor(spark, ps, df, lr, workdir: str) -> dict:
     shard map before and after."""
     from pathlib import Path
 
-    from ps_server.status import status
+    from ps_server.coordinator.status import status
     from spark_ps.ml import _job
 
     clean = lr.fit(df)
@@ -164,7 +164,7 @@ def main() -> None:
     scored = model.transform(df).select("label", "probability").collect()
     out["auc"] = auc(np.array([r[0] for r in scored]), np.array([r[1][1] for r in scored]))
     if not ps.embedded:
-        from ps_server.status import status
+        from ps_server.coordinator.status import status
 
         out["status"] = status(ps.address, ps.token)
     procs = ps_processes(ps.address)

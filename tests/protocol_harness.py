@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from ps_server import fencing
-from ps_server.coordinator import CoordinatorServicer
+from ps_server.coordinator.servicer import CoordinatorServicer
 from ps_server.proto import ps_pb2 as pb
-from ps_server.replica import Replica
-from ps_server.shard import ShardServicer
+from ps_server.shard.replica import Replica
+from ps_server.shard.server import ShardServicer
 from ps_server.wire import RequestError
 
 FORWARD_FATES = ("deliver", "lose", "lose-answer")
@@ -111,7 +111,7 @@ class World:
     def configure(
         self, address: str, backup: str, term: int, expect_term: int = 0, min_seq: int = 0
     ) -> pb.Ack:
-        """The supervisor's Configure call (``ps_server.service._configure``)."""
+        """The supervisor's Configure call (``ps_server.coordinator.service._configure``)."""
         self.point(f"configure {address} (backup {backup or '-'}, term {term})")
         config = pb.ReplicaConfig(
             role="primary", backup=backup, term=term, expect_term=expect_term, min_seq=min_seq
@@ -156,7 +156,7 @@ class World:
     def fail_over(self, backup: str) -> None:
         """The primary was declared dead (it may still run, cut off): promote `backup` if
         that is safe, else start a new, empty primary (a counted restart: fits roll back),
-        as ``ps_server.service._primary_died`` does."""
+        as ``ps_server.coordinator.service._primary_died`` does."""
         if not self.promote(backup):
             self.trace.append("  restart from a checkpoint (counted)")
             self.replica("R", "primary", 999)

@@ -13,8 +13,8 @@ import time
 import grpc
 import pytest
 
-from ps_server.coordinator import CoordinatorServicer
-from ps_server.loop_server import LoopServer
+from ps_server.coordinator.loop_server import LoopServer
+from ps_server.coordinator.servicer import CoordinatorServicer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.tls import open_channel

@@ -9,7 +9,7 @@ import pytest
 from ps_server import checkpoint
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.shard import checkpoint_roots, serve_shard
+from ps_server.shard.server import checkpoint_roots, serve_shard
 from ps_server.wire import RequestError
 
 

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from ps_server.coordinator import CoordinatorServicer
-from ps_server.idle import LastUse
-from ps_server.loop_server import LoopServer
+from ps_server.coordinator.idle import LastUse
+from ps_server.coordinator.loop_server import LoopServer
+from ps_server.coordinator.servicer import CoordinatorServicer
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from spark_ps.client import PSClient, PSError
 

@@ -1,5 +1,6 @@
 """Coordinator loss: `spark-ps-server coordinator` SIGKILLed mid-fit and started again at the
-same address resumes from its journal in the checkpoint directory (``ps_server.journal``).
+same address resumes from its journal in the checkpoint directory
+(``ps_server.coordinator.journal``).
 
 Real processes on loopback: the coordinator, two `spark-ps-server shards --join`
 supervisors (hosts "h0" and "h1", one shard slot each) and a Spark local[2] fit whose PS is
@@ -25,7 +26,7 @@ import pytest
 from test_lr_fit import _dense_df
 
 from bench.netns import Hosts, _expect, _lines, unavailable
-from ps_server import journal
+from ps_server.coordinator import journal
 from ps_server.lifecycle import stop_processes
 from spark_ps import PSContext
 from spark_ps.client import PSClient

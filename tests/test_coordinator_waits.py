@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
+from ps_server.coordinator.service import Service
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.service import Service
 from ps_server.wire import TOKEN_KEY
 from spark_ps import PSContext
 from spark_ps.client import PSError

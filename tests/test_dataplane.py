@@ -21,8 +21,8 @@ from ps_server.keys import (
     range_bounds,
     range_shard,
 )
-from ps_server.storage import HashIndex, SparseStore
-from ps_server.tensors import VALUE_DTYPES
+from ps_server.shard.storage import HashIndex, SparseStore
+from ps_server.shard.tensors import VALUE_DTYPES
 
 #: exact sums in input order and first-occurrence order are the compiled passes' promise
 needs_jit = pytest.mark.skipif(not keys_jit.available(), reason="numba absent or disabled")

@@ -1,4 +1,4 @@
-"""The shards' direct lane (ps_server.direct): read-only calls on a plain socket.
+"""The shards' direct lane (ps_server.shard.direct): read-only calls on a plain socket.
 
 Real shard processes, real sockets. The lane must answer exactly as gRPC's ``Call`` would,
 refuse what it may not serve, survive garbage, and leave no trace of a refused frame.
@@ -16,8 +16,8 @@ import uuid
 import numpy as np
 import pytest
 
-from ps_server.direct import MAGIC, DirectError, DirectLink
 from ps_server.proto import ps_pb2 as pb
+from ps_server.shard.direct import MAGIC, DirectError, DirectLink
 from ps_server.wire import to_array
 from spark_ps.client import PSError, get_client
 from spark_ps.models import PSVector
@@ -198,7 +198,7 @@ def test_lane_off_by_environment(client, monkeypatch):
 
 
 def _lane(handshake: float, max_pending: int):
-    from ps_server.direct import DirectServer
+    from ps_server.shard.direct import DirectServer
 
     def echo(request: pb.CallRequest) -> pb.CallResponse:
         return pb.CallResponse(result=request.args)

@@ -17,7 +17,7 @@ import pytest
 from child_jobs import result_of, run_script, spark_submit
 from test_jvm_bridge import bridge_jar as _bridge_jar  # noqa: F401 - fixture: jar, rebuilt if stale
 
-from ps_server.host_service import HostService
+from ps_server.coordinator.host_service import HostService
 from ps_server.proto import ps_pb2 as pb
 from spark_ps.context import _in_executors
 

@@ -21,7 +21,7 @@ from pyspark.ml.functions import vector_to_array
 from pyspark.ml.linalg import Vectors
 
 from bench.common import auc
-from ps_server.storage import init_values
+from ps_server.shard.storage import init_values
 from spark_ps.ml.classification import FMClassificationModel, FMClassifier
 from spark_ps.ml.regression import FMRegressionModel, FMRegressor
 from spark_ps.models import PSEmbedding

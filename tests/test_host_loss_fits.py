@@ -21,7 +21,7 @@ import pytest
 from pyspark.ml.linalg import Vectors
 
 from bench.netns import Hosts, service, unavailable
-from ps_server.status import status
+from ps_server.coordinator.status import status
 from spark_ps import PSContext
 from spark_ps.ml import _job
 from spark_ps.ml.classification import GBTClassifier, LogisticRegression

@@ -1,4 +1,4 @@
-"""The coordinator's host table (ps_server.hosts) on its own: reports, leases, launches,
+"""The coordinator's host table (ps_server.coordinator.hosts) on its own: reports, leases, launches,
 registrations and the map it annotates, driven as supervisors and shards drive it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ps_server.hosts import LOST_CODE, HostTable, RemoteShard
+from ps_server.coordinator.hosts import LOST_CODE, HostTable, RemoteShard
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError
 

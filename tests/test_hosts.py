@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from bench.netns import Hosts, service, unavailable
-from ps_server.host_service import HostService
-from ps_server.host_supervisor import HostSupervisor
+from ps_server.coordinator.host_service import HostService
+from ps_server.host.supervisor import HostSupervisor
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY

@@ -23,12 +23,12 @@ LAYERS = [
 #: The coordinator's process: service, coordinator, hosts, journal, migrate, host_service.
 KNOWN_CYCLES = [
     {
-        "ps_server.coordinator",
-        "ps_server.host_service",
-        "ps_server.hosts",
-        "ps_server.journal",
-        "ps_server.migrate",
-        "ps_server.service",
+        "ps_server.coordinator.servicer",
+        "ps_server.coordinator.host_service",
+        "ps_server.coordinator.hosts",
+        "ps_server.coordinator.journal",
+        "ps_server.coordinator.migrate",
+        "ps_server.coordinator.service",
     },
 ]
 
@@ -131,7 +131,7 @@ def test_the_graph_sees_module_level_deferred_and_type_checking_imports():
     graph = import_graph()
     assert "spark_ps.client" in graph["spark_ps.models.tensors"]  # module level
     assert "spark_ps.worker_daemon" in graph["spark_ps.context"]  # inside a function
-    assert "ps_server.tensors" in graph["ps_server.replica"]  # under TYPE_CHECKING
+    assert "ps_server.shard.tensors" in graph["ps_server.shard.replica"]  # under TYPE_CHECKING
     assert "ps_server.proto" not in graph and len(graph) > 60
 
 

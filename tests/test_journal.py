@@ -1,5 +1,5 @@
-"""The coordinator's journal (``ps_server.journal``): its file format (replay, a torn last
-record, corruption, an unknown version) and the state a replay rebuilds, read back from a
+"""The coordinator's journal (``ps_server.coordinator.journal``): its file format (replay, a
+torn last record, corruption, an unknown version) and the state a replay rebuilds, read back from a
 real coordinator served over gRPC and a real host table. The kill and restart of a
 `spark-ps-server coordinator` under a running fit is in ``tests/test_coordinator_restart.py``.
 """
@@ -12,9 +12,9 @@ import struct
 import numpy as np
 import pytest
 
-from ps_server import journal, placement
-from ps_server.host_service import HostService
-from ps_server.hosts import LOST_CODE, HostTable
+from ps_server.coordinator import journal, placement
+from ps_server.coordinator.host_service import HostService
+from ps_server.coordinator.hosts import LOST_CODE, HostTable
 from ps_server.proto import ps_pb2 as pb
 from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ps_server.optim import OPTIMIZERS, make_optimizer
-from ps_server.storage import DenseStore, SparseStore
+from ps_server.shard.optim import OPTIMIZERS, make_optimizer
+from ps_server.shard.storage import DenseStore, SparseStore
 
 COLS = 3
 N_KEYS = 40

@@ -1,4 +1,5 @@
-"""Placement of partitions on hosts (ps_server.placement): a pure function, checked exactly."""
+"""Placement of partitions on hosts (ps_server.coordinator.placement): a pure function,
+checked exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from ps_server.placement import DEFAULT_SLACK, Slot, capacity, choose, place, rank
+from ps_server.coordinator.placement import DEFAULT_SLACK, Slot, capacity, choose, place, rank
 
 
 def _hosts(n: int, weight: float = 1.0) -> dict[str, float]:

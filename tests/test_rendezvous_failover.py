@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from ps_server.service import Service
+from ps_server.coordinator.service import Service
 from spark_ps.client import PSClient
 from spark_ps.ml._job import WorkerContext
 

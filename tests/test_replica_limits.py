@@ -11,9 +11,9 @@ import threading
 import numpy as np
 import pytest
 
+from ps_server.coordinator.service import Service
 from ps_server.proto import ps_pb2 as pb
-from ps_server.replica import REQUEST_ID_KEY
-from ps_server.service import Service
+from ps_server.shard.replica import REQUEST_ID_KEY
 from ps_server.wire import TOKEN_KEY, to_array
 from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec
@@ -59,8 +59,8 @@ def test_a_request_just_under_the_limit_is_forwarded_and_keeps_the_backup():
 def test_answers_are_remembered_for_the_retry_horizon_not_a_fixed_count():
     """A retry is answered from memory however many requests came after it, as long as it
     comes within the horizon (it was 4,096 answers); past the horizon the answer goes."""
-    from ps_server.replica import Replica
-    from ps_server.shard import ShardServicer
+    from ps_server.shard.replica import Replica
+    from ps_server.shard.server import ShardServicer
 
     rep = Replica(ShardServicer(0), "primary")
     applied: list[int] = []

@@ -10,12 +10,12 @@ import socket
 
 import pytest
 
-from ps_server.coordinator import CoordinatorServicer
-from ps_server.loop_server import LoopServer
+from ps_server.coordinator.loop_server import LoopServer
+from ps_server.coordinator.servicer import CoordinatorServicer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.replica import Replica
-from ps_server.shard import ShardServicer
+from ps_server.shard.replica import Replica
+from ps_server.shard.server import ShardServicer
 from ps_server.wire import RequestError
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
+from ps_server.coordinator.service import Service
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.replica import REQUEST_ID_KEY
-from ps_server.service import Service
+from ps_server.shard.replica import REQUEST_ID_KEY
 from ps_server.wire import TOKEN_KEY, to_array
 from spark_ps.client import PSClient, PSError
 from spark_ps.client.spec import TensorSpec
@@ -188,7 +188,7 @@ def test_a_snapshot_carries_a_full_answer_window_exactly_and_cheaply():
     (that cost ~1.2 s of CPU here, the primary's mutations waiting for part of it)."""
     from collections import OrderedDict
 
-    from ps_server.replica import restore_snapshot, snapshot
+    from ps_server.shard.replica import restore_snapshot, snapshot
 
     answers = OrderedDict()
     for i in range(4096):

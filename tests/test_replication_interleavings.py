@@ -171,7 +171,8 @@ def _drop_request(address: str, term: int):
 def _without_fencing(monkeypatch) -> None:
     """The rules before terms: a drop is refused only to another pid, a backup applies any
     forward while it is a backup, a seeded backup is promoted whatever it holds, and the
-    supervisor configures it before the coordinator knows (ps_server/service.py had it)."""
+    supervisor configures it before the coordinator knows (ps_server/coordinator/service.py
+    had it)."""
 
     def drop_refusal(current_term, current_pid, term, pid):
         return None if not pid or pid == current_pid else "no longer the primary"

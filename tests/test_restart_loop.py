@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ps_server import checkpoint
-from ps_server.service import Service
+from ps_server.coordinator.service import Service
 from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec
 
@@ -83,7 +83,7 @@ def test_a_shard_that_started_is_restarted_at_once_however_soon_it_is_killed(cap
     supervisor.start()
     c = PSClient(svc.address, TOKEN)
     try:
-        caplog.set_level("INFO", logger="ps_server.service")
+        caplog.set_level("INFO", logger="ps_server.coordinator.service")
         for kill in range(4):
             pid = svc.procs[1].pid
             os.kill(pid, signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""Scale out and in while the PS serves (``ps_server.migrate``): a host that joins takes
+"""Scale out and in while the PS serves (``ps_server.coordinator.migrate``): a host that joins takes
 ~1/N of the partitions, `spark-ps-server drain` empties one before it is retired.
 
 The planning is pure and checked here directly; the moves run on real processes: hosts
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from bench.netns import Hosts, join, service, unavailable
-from ps_server import migrate, placement
-from ps_server.host_service import HostService
-from ps_server.status import status
+from ps_server.coordinator import migrate, placement
+from ps_server.coordinator.host_service import HostService
+from ps_server.coordinator.status import status
 from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec
 

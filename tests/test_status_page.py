@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ps_server import status
-from ps_server.service import READY_PREFIX, UI_PREFIX
+from ps_server.coordinator import status
+from ps_server.coordinator.service import READY_PREFIX, UI_PREFIX
 from spark_ps.client import PSClient, TensorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,7 +223,7 @@ def test_a_bad_ui_port_is_refused_naming_the_key():
 
 
 def test_the_fit_board_stays_bounded_and_keeps_running_fits():
-    from ps_server.fits import FitBoard
+    from ps_server.coordinator.fits import FitBoard
     from ps_server.proto import ps_pb2 as pb
 
     board = FitBoard(max_fits=3, max_points=10)

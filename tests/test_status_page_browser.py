@@ -244,7 +244,7 @@ def test_chromium_renders_shards_and_the_running_fits_loss_curve(spark, held_fit
 
 def test_the_loss_polyline_parser_reads_what_ui_page_draws():
     """The parser above against ``ui_page`` directly: a broken parser fails here first."""
-    from ps_server.ui_page import _curve
+    from ps_server.coordinator.ui_page import _curve
 
     page = _Dom()
     page.feed(_curve("loss", [(1, 0.7), (2, 0.5), (3, 0.45)]))

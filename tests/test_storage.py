@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ps_server.keys import mix64
-from ps_server.storage import Contributions, DenseStore, HashIndex, SparseStore, Store
+from ps_server.shard.storage import Contributions, DenseStore, HashIndex, SparseStore, Store
 
 BIG = 2**63 - 1
 

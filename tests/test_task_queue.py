@@ -172,7 +172,7 @@ def test_spark_tasks_drain_a_queue_under_executor_names(spark, own_ps):
 def test_queue_expiry_counts_a_workers_newest_lease_and_requeues_in_id_order():
     """The queue alone (no coordinator): a worker that just leased is alive and keeps its
     older lease; a silent one's leases come back next, in id order."""
-    from ps_server.tasks import TaskQueue
+    from ps_server.coordinator.tasks import TaskQueue
 
     q = TaskQueue("unit", lease_seconds=60.0)
     q.add([f"t{i}" for i in range(5)], 0)
@@ -189,7 +189,7 @@ def test_queue_expiry_counts_a_workers_newest_lease_and_requeues_in_id_order():
 def test_queue_operations_stay_constant_time_per_task():
     """50k tasks leased and finished: was O(n) per call (list.pop(0), `in` on the TODO list)
     under the coordinator's lock, ~17 s of CPU; now well under a second."""
-    from ps_server.tasks import TaskQueue
+    from ps_server.coordinator.tasks import TaskQueue
 
     n = 50_000
     q = TaskQueue("big")

@@ -1,5 +1,5 @@
 """A shard's exactly-once reduce is atomic: no pull sees it half done, a refusal changes
-nothing (ps_server.tensors.Tensor, in process: the shard's RPCs call exactly these)."""
+nothing (ps_server.shard.tensors.Tensor, in process: the shard's RPCs call exactly these)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ps_server.proto import ps_pb2 as pb
-from ps_server.tensors import Tensor
+from ps_server.shard.tensors import Tensor
 from ps_server.wire import RequestError
 
 

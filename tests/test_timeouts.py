@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from ps_server import timeouts
-from ps_server.coordinator import CoordinatorServicer
-from ps_server.direct import handshake_timeout
+from ps_server.coordinator.servicer import CoordinatorServicer
 from ps_server.functions.rendezvous import Rendezvous
-from ps_server.replica import Replica
-from ps_server.shard import ShardServicer
+from ps_server.shard.direct import handshake_timeout
+from ps_server.shard.replica import Replica
+from ps_server.shard.server import ShardServicer
 from spark_ps.client.reach import connect_timeout
 
 ROOT = Path(__file__).resolve().parents[1]

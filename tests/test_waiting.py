@@ -1,4 +1,4 @@
-"""`ps_server.waiting.Waiters`: a coroutine parked on a key is woken by a notify from
+"""`ps_server.coordinator.waiting.Waiters`: a coroutine parked on a key is woken by a notify from
 another thread (the service's supervisors change coordinator state from threads)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ps_server.waiting import MAX_WAIT_SECONDS, Waiters, wait_deadline
+from ps_server.coordinator.waiting import MAX_WAIT_SECONDS, Waiters, wait_deadline
 
 pytestmark = pytest.mark.timeout(30)
 

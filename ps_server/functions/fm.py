@@ -13,7 +13,7 @@ update to the rows they touch:
 
 * ``gd``: MLlib's ``SquaredL2Updater``, ``w = w * (1 - lr * reg) - lr * g`` with
   ``lr = stepSize / sqrt(iteration)``;
-* ``adamW``: the tensors' server-side :class:`ps_server.optim.AdamW` (moments in slots of the
+* ``adamW``: the tensors' server-side :class:`ps_server.shard.optim.AdamW` (moments in slots of the
   store, ``weight_decay = regParam``), MLlib's ``AdamWUpdater``.
 
 Rows a round does not touch are left as they are (a lazy step). The answer carries this

@@ -964,7 +964,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def HostHeartbeat(self, request, context):
-        """A per-host supervisor registers (its first report) and heartbeats (ps_server.hosts).
+        """A per-host supervisor registers (its first report) and heartbeats (ps_server.coordinator.hosts).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -979,7 +979,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportProgress(self, request, context):
-        """A fit's progress (iteration, loss, ...): kept for the status page (ps_server.ui).
+        """A fit's progress (iteration, loss, ...): kept for the status page (ps_server.coordinator.ui).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

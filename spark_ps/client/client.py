@@ -9,7 +9,7 @@ shard, :mod:`ps_server.keys_jit`); a caller whose keys are known to be distinct 
 (chunked below `max_message_bytes`), all shards concurrently, and retries with
 backoff when a shard is unavailable (restarting, or its backup being promoted),
 re-resolving the shard map. Every shard request carries an id that its retries
-reuse, so a replicated PS applies a retried mutation once (`ps_server.replica`).
+reuse, so a replicated PS applies a retried mutation once (`ps_server.shard.replica`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,18 @@ import uuid
 import grpc
 import numpy as np
 
-from ps_server import direct as direct_lane
-from ps_server.direct import DirectError, DirectLink
+from ps_server.coordinator.waiting import (
+    DEADLINE_MARGIN_SECONDS,
+    DEFAULT_WAIT_SECONDS,
+    MAX_WAIT_SECONDS,
+)
 from ps_server.keys import is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.replica import REQUEST_ID_KEY
+from ps_server.shard import direct as direct_lane
+from ps_server.shard.direct import DirectError, DirectLink
+from ps_server.shard.replica import REQUEST_ID_KEY
 from ps_server.tls import open_channel
-from ps_server.waiting import DEADLINE_MARGIN_SECONDS, DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS
 from ps_server.wire import LIMIT_HINT, TOKEN_KEY, from_array, to_array
 from spark_ps.client.reach import check_reachable
 from spark_ps.client.spec import TensorSpec
@@ -93,7 +97,7 @@ class _DirectRpcError(grpc.RpcError):
 
 
 class _DirectCall:
-    """A ``Call`` on a shard's direct lane (:mod:`ps_server.direct`) behind a future's
+    """A ``Call`` on a shard's direct lane (:mod:`ps_server.shard.direct`) behind a future's
     ``result()``; sent at once, so calls to several shards overlap. If the lane is broken
     the call goes through gRPC instead (it is read-only: sending it twice is harmless)."""
 

@@ -8,7 +8,7 @@ Where each step of a fit goes:
   it, ``true`` shows it on any stderr; unset, ``SPARK_PS_PROGRESS=0``/``1`` does the same;
 - the ``spark_ps.progress`` logger, at INFO, always;
 - the coordinator of the PS the fit trains on (``ReportProgress``), whose status page
-  (``spark.ps.uiPort``, ``ps_server.ui``) draws the fit's curves;
+  (``spark.ps.uiPort``, ``ps_server.coordinator.ui``) draws the fit's curves;
 - with ``spark.ps.logDir`` set, TensorBoard event files (``tensorboardX``, the ``[tensorboard]``
   extra) in ``<logDir>/<fit id>/``: one scalar per metric per step.
 """

@@ -3,7 +3,7 @@
 A model keeps the rows training touched: sorted feature ``keys`` with their factor rows,
 the linear weights of the keys that have one, and the intercept. A feature the fit never
 saw has the row the PS would have created for it: N(0, initStd) values derived from
-(seed, key) (:func:`ps_server.storage.init_values`), and linear weight 0. That is the dense
+(seed, key) (:func:`ps_server.shard.storage.init_values`), and linear weight 0. That is the dense
 model MLlib would hold, so ``factors`` / ``linear`` (MLlib's dense attributes, built on
 request) and :meth:`toMLlib` give exactly the predictions of ``transform``.
 
@@ -23,7 +23,7 @@ from pyspark.ml.classification import _ProbabilisticClassifierParams
 from pyspark.ml.linalg import DenseMatrix, DenseVector, SparseVector, Vector
 from pyspark.sql import DataFrame
 
-from ps_server.storage import init_values
+from ps_server.shard.storage import init_values
 from spark_ps.data import CSRBatch
 from spark_ps.ml._plot import PlotsHistory
 from spark_ps.ml.base import ArraysReadable, ArraysWritable, ArrowRegressionScoring, ArrowScoring

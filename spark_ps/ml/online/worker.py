@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
 
-from ps_server.optim import ftrl_accumulate, ftrl_weights
+from ps_server.shard.optim import ftrl_accumulate, ftrl_weights
 from spark_ps.data import CSRBatch, check_binary_labels, iter_minibatches, read_partition
 from spark_ps.ml.binned_metrics import partition_stats
 from spark_ps.models import PSMatrix

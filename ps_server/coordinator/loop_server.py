@@ -1,6 +1,6 @@
 """A ``grpc.aio`` server on an event-loop thread of its own, driven from synchronous code.
 
-The coordinator's handlers are coroutines (see ``ps_server.waiting`` for why), while the
+The coordinator's handlers are coroutines (see ``ps_server.coordinator.waiting`` for why), while the
 service around it is synchronous: its main thread supervises shard processes and the
 tests run it in-process. This class owns the loop thread and gives the synchronous side
 what ``grpc.server`` gave it: the bound port, ``start`` and ``stop``.

@@ -1,15 +1,15 @@
 """The PS service across hosts: a coordinator with no local shards.
 
 `spark-ps-server coordinator` runs this; every other machine runs
-`spark-ps-server shards --join` (``ps_server.host_supervisor``). Once ``min_hosts``
+`spark-ps-server shards --join` (``ps_server.host.supervisor``). Once ``min_hosts``
 hosts have joined (and, with ``join_wait``, no other joined for that many seconds), the
-partitions are placed on them (``ps_server.placement``) and each host's supervisor starts
-the shard processes placed on it.
+partitions are placed on them (``ps_server.coordinator.placement``) and each host's
+supervisor starts the shard processes placed on it.
 
-Supervision is the single-host service's own (``ps_server.service.Service``): one
+Supervision is the single-host service's own (``ps_server.coordinator.service.Service``): one
 watcher thread per partition promotes an attached backup when its primary dies, seeds
 new backups and restarts lost primaries. Only the processes differ: here each is a
-:class:`~ps_server.hosts.RemoteShard` whose fate comes from its host's heartbeats, and
+:class:`~ps_server.coordinator.hosts.RemoteShard` whose fate comes from its host's heartbeats, and
 a whole host that stops heartbeating loses all of its processes at once. Replacements
 go to the same host while it lives, else to the partition's next choice among the
 live hosts, never beside the other replica. A partition whose primary and backup are
@@ -17,7 +17,7 @@ both gone is restored from the checkpoint directory, or, without one, marked los
 shard map says why and clients raise that error instead of serving an empty partition.
 
 With a local checkpoint directory the coordinator journals its state there
-(``ps_server.journal``); started again at the same address after a crash, it replays the
+(``ps_server.coordinator.journal``); started again at the same address after a crash, it replays the
 journal and adopts the shard processes still running instead of placing anything anew.
 Without one, a restarted coordinator is a new, empty PS: the hosts that rejoin have
 their old shard processes stopped (their launches are unknown to it), and its restart
@@ -26,8 +26,8 @@ restart and recover as from one (``spark_ps.ml._recovery``).
 
 A host that joins later takes its share of the partitions, and `spark-ps-server drain`
 empties one: each watcher thread also carries out its partition's moves
-(``ps_server.migrate``). With ``replicas=1`` a shard runs solo until a move first configures
-it: it then turns primary (``ShardServicer.become_primary``) to seed the copy.
+(``ps_server.coordinator.migrate``). With ``replicas=1`` a shard runs solo until a move
+first configures it: it then turns primary (``ShardServicer.become_primary``) to seed the copy.
 """
 
 from __future__ import annotations
@@ -41,16 +41,17 @@ import time
 
 import grpc
 
-from ps_server import journal, lifecycle, migrate, placement, timeouts, tls
-from ps_server.hosts import HostTable, RemoteShard
+from ps_server import lifecycle, timeouts, tls
+from ps_server.coordinator import journal, migrate, placement
+from ps_server.coordinator.hosts import HostTable, RemoteShard
+from ps_server.coordinator.service import READY_PREFIX, Service
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.service import READY_PREFIX, Service
 from ps_server.wire import DEFAULT_MAX_REQUEST_MB, TOKEN_KEY
 
 __all__ = ["HostService", "LISTENING_PREFIX", "DEFAULT_HOST_TIMEOUT", "main"]
 
-log = logging.getLogger("ps_server.hosts")
+log = logging.getLogger("ps_server.coordinator.hosts")
 #: Printed once the coordinator accepts hosts (before they join; READY_PREFIX follows).
 LISTENING_PREFIX = "SPARK_PS_LISTENING "
 #: Seconds without a heartbeat after which a host is lost (its lease).
@@ -149,7 +150,7 @@ class HostService(Service):
                 self._adopt(i)
             table.slots = self._slots()
             # the journaled hosts were placed over (or planned for) already: their rejoin
-            # after this restart is no scale-out (ps_server.migrate)
+            # after this restart is no scale-out (ps_server.coordinator.migrate)
             table.planned_for = set(table.hosts)
             table.rejoining = {
                 h: {x.number for x in table.launches.values() if x.host == h}

@@ -37,7 +37,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ps_server import status, tls
+from ps_server import tls
+from ps_server.coordinator import status
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.requests import BUCKETS
@@ -45,7 +46,7 @@ from ps_server.wire import TOKEN_KEY
 
 __all__ = ["StatusPage", "collect"]
 
-log = logging.getLogger("ps_server.ui")
+log = logging.getLogger("ps_server.coordinator.ui")
 #: Seconds a gathered snapshot is served again before it is gathered anew.
 _FRESH_SECONDS = 1.0
 _REFRESH_SECONDS = 5
@@ -118,7 +119,8 @@ def _quantile(buckets: list[int], q: float) -> float | None:
 
 
 class StatusPage:
-    """The HTTP server of `service` (a ``ps_server.service.Service``) on `port` (0: any)."""
+    """The HTTP server of `service` (a ``ps_server.coordinator.service.Service``) on `port`
+    (0: any)."""
 
     def __init__(self, service, host: str, port: int = 0):
         self.service, self.token = service, service.token
@@ -252,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
         return CONTENT_TYPE_LATEST, generate_latest(registry)
 
     def _html(self, snap: dict, query: str) -> tuple[str, bytes]:
-        from ps_server.ui_page import render
+        from ps_server.coordinator.ui_page import render
 
         return "text/html; charset=utf-8", render(snap, query, _REFRESH_SECONDS).encode()
 

@@ -20,12 +20,12 @@ backup had it.
 If forwarding fails the primary tells the coordinator to drop that backup
 *before* it answers, and answers nothing until the coordinator has confirmed it, so a
 backup that misses an acknowledged update is never promoted; the
-supervisor (``ps_server.service``) then starts a fresh backup, which the
+supervisor (``ps_server.coordinator.service``) then starts a fresh backup, which the
 primary seeds with a snapshot of its whole state (models, optimizer state,
 pending exactly-once contributions, remembered answers; see ``_seed_backup``), and
 the coordinator never attaches a backup its primary dropped while it was seeded.
 A primary that was cut off while its backup was promoted (a host that lost its
-lease, ``ps_server.hosts``) learns it from the promoted replica, which refuses its
+lease, ``ps_server.coordinator.hosts``) learns it from the promoted replica, which refuses its
 forwards as fenced, or from the coordinator, which refuses its drop: it steps down
 (role "deposed") without acknowledging, so the client retries the same request id on
 the new primary.
@@ -67,11 +67,11 @@ from ps_server.wire import TOKEN_KEY, RequestError
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-    from ps_server.tensors import Tensor
+    from ps_server.shard.tensors import Tensor
 
 
 class ReplicatedShard(Protocol):
-    """What a replica needs of its shard (``ps_server.shard.ShardServicer``), which holds
+    """What a replica needs of its shard (``ps_server.shard.server.ShardServicer``), which holds
     the replica: the shard's index, its models, and adopting a seeded state."""
 
     index: int
@@ -82,7 +82,7 @@ class ReplicatedShard(Protocol):
 
 __all__ = ["Replica", "REQUEST_ID_KEY", "MUTATIONS", "request_id", "digest", "retry_horizon"]
 
-log = logging.getLogger("ps_server.replica")
+log = logging.getLogger("ps_server.shard.replica")
 
 #: Metadata key of the per-request id a client sends with every shard call.
 REQUEST_ID_KEY = "x-spark-ps-request"
@@ -363,8 +363,8 @@ class Replica:
     def configure(self, config: pb.ReplicaConfig) -> pb.Ack:
         """Promote this backup if it is provably current, or (on a primary) adopt the term
         and seed and attach / detach a backup, or step down ("deposed": a planned hand-over
-        to another replica, ps_server.migrate). Answers the bytes seeded and the sequence
-        number at which forwarding to the backup began (or at which it stepped down)."""
+        to another replica, ps_server.coordinator.migrate). Answers the bytes seeded and the
+        sequence number at which forwarding to the backup began (or at which it stepped down)."""
         if config.role == "deposed":
             with self.lock:  # after the mutation in flight, if any: serve nothing more
                 self.state.role = "deposed"

@@ -62,7 +62,7 @@ __all__ = [
     "replay",
 ]
 
-log = logging.getLogger("ps_server.journal")
+log = logging.getLogger("ps_server.coordinator.journal")
 
 MAGIC = b"spark-ps coordinator journal\n"
 VERSION = 1
@@ -317,8 +317,8 @@ def replay(records: list[dict], coordinator, table) -> dict:
 
     The coordinator's shard map must already be sized to the config's partitions (the
     caller sizes it from the first record)."""
-    from ps_server.hosts import _Host, _Launch
-    from ps_server.tasks import TaskQueue
+    from ps_server.coordinator.hosts import _Host, _Launch
+    from ps_server.coordinator.tasks import TaskQueue
 
     c, config = coordinator, {}
     now = time.monotonic()
@@ -357,8 +357,8 @@ def replay(records: list[dict], coordinator, table) -> dict:
 
 
 def _touch(c) -> None:
-    """Count what was replayed as used now, so it is forgotten once idle (ps_server.idle)
-    as it would have been without the restart."""
+    """Count what was replayed as used now, so it is forgotten once idle
+    (ps_server.coordinator.idle) as it would have been without the restart."""
     keys = [("board", t) for t in c.board]
     keys += [("parts", t) for t, _ in c.parts] + [("parts", t) for t in c.collected]
     keys += [("clock", g) for g in c.clocks] + [("queue", q) for q in c.queues]

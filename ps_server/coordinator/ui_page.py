@@ -1,4 +1,4 @@
-"""The status page's HTML (``ps_server.ui``): tables and inline SVG curves, no scripts.
+"""The status page's HTML (``ps_server.coordinator.ui``): tables and inline SVG curves, no scripts.
 
 The page reloads itself; its data also sits in it as JSON (``<script
 type="application/json" id="ps-status">``) for tools that read the page.

@@ -13,7 +13,7 @@ once and never restarts it; the service decides what replaces a dead one (a prom
 backup, or a new launch, on the same host while it lives). A process registers with
 its launch number, so one left over from a superseded launch can never enter the map.
 
-:class:`RemoteShard` shows a launch to the service's supervision (``ps_server.service``)
+:class:`RemoteShard` shows a launch to the service's supervision (``ps_server.coordinator.service``)
 as the subset of ``subprocess.Popen`` it uses, so replication and recovery run the same
 code on one host and across hosts.
 """
@@ -27,13 +27,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ps_server import journal, migrate, placement
+from ps_server.coordinator import journal, migrate, placement
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError
 
 __all__ = ["HostTable", "RemoteShard", "LOST_CODE", "HEARTBEATS_PER_LEASE"]
 
-log = logging.getLogger("ps_server.hosts")
+log = logging.getLogger("ps_server.coordinator.hosts")
 
 #: Exit code given to the processes of a host whose lease lapsed (as if SIGKILLed).
 LOST_CODE = -9
@@ -102,7 +102,8 @@ class HostTable:
         self.lost: dict[int, str] = {}  # partition -> why it is lost
         self.stopping = False
         # launch numbers are unique across coordinator restarts: continued from the journal
-        # (ps_server.journal), else from the clock, so no process of an earlier run matches
+        # (ps_server.coordinator.journal), else from the clock, so no process of an earlier
+        # run matches
         self.next_number = time.time_ns() // 1000
         self.journal: journal.Journal | None = None
         # hosts restored from the journal, not yet heard -> their launches restored with them

@@ -1,7 +1,7 @@
 """`spark-ps-server drain HOST:PORT HOST_ID`: empty a host before it is retired.
 
 The coordinator moves every replica on the host to the others while the PS keeps
-serving (``ps_server.migrate``), then tells the host's supervisor to stop. This command
+serving (``ps_server.coordinator.migrate``), then tells the host's supervisor to stop. This command
 waits for that (unless ``--no-wait``) and prints the drain's moves as JSON; it fails,
 naming why, when the coordinator refuses (unknown host, or the others cannot hold its
 partitions) or a move fails.
@@ -17,9 +17,9 @@ import time
 import grpc
 
 from ps_server import cli, tls
+from ps_server.coordinator.status import move_json
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.status import move_json
 from ps_server.wire import TOKEN_KEY
 
 __all__ = ["drain", "main"]

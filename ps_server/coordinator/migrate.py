@@ -2,9 +2,9 @@
 (`spark-ps-server drain HOST`).
 
 **Which partitions move.** When a host joins a placed service, the partitions whose
-weighted rendezvous ranking (``ps_server.placement``) now puts the newcomer first move to
-it: about 1/N of them. With few partitions that count varies a lot, so it is clamped to
-the newcomer's share by weight: at least its floor, at most its capacity (the bounded
+weighted rendezvous ranking (``ps_server.coordinator.placement``) now puts the newcomer
+first move to it: about 1/N of them. With few partitions that count varies a lot, so it is
+clamped to the newcomer's share by weight: at least its floor, at most its capacity (the bounded
 load); partitions added to reach the floor are taken from the hosts furthest above their
 new share, by the newcomer's score. With ``replicas=2`` the backups are chosen the same
 way among the partitions whose primary stays. Draining a host moves every replica on it:
@@ -13,11 +13,11 @@ a backup to its next choice other than its primary's host. A drain is refused wh
 live hosts than replicas would be left.
 
 **How one moves, without stopping writes** (run by the partition's own watcher thread in
-``ps_server.service``, the only thread that changes its processes; at most
+``ps_server.coordinator.service``, the only thread that changes its processes; at most
 :data:`PARALLEL` moves run at once):
 
 1. A backup is seeded on the target host from the primary's snapshot and attached, as for
-   any new backup (``ps_server.replica``): from then on it applies every update before
+   any new backup (``ps_server.shard.replica``): from then on it applies every update before
    the primary acknowledges it. With ``replicas=2`` the partition's old backup is retired
    first, so while the copy is seeded the partition has no other replica.
 2. Hand-over: the old primary steps down (after the update it is applying, which the
@@ -47,16 +47,17 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from ps_server import fencing, placement
-from ps_server.placement import Slot
+from ps_server import fencing
+from ps_server.coordinator import placement
+from ps_server.coordinator.placement import Slot
 from ps_server.proto import ps_pb2 as pb
 
 if TYPE_CHECKING:
-    from ps_server.host_service import HostService
+    from ps_server.coordinator.host_service import HostService
 
 __all__ = ["Move", "Moves", "plan_join", "plan_drain", "run", "PARALLEL", "MOVE_SECONDS"]
 
-log = logging.getLogger("ps_server.migrate")
+log = logging.getLogger("ps_server.coordinator.migrate")
 
 #: Moves running at once over the whole service: each costs a snapshot of one partition
 #: on its primary's host and a copy over the network, beside the fit's own traffic.

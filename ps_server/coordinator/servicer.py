@@ -1,10 +1,10 @@
 """The control plane: shard map, model registry, barriers, clocks, the round board,
 the task queues and the recovery counters.
 
-Served by ``grpc.aio`` (``ps_server.loop_server``): every handler is a coroutine on one
+Served by ``grpc.aio`` (``ps_server.coordinator.loop_server``): every handler is a coroutine on one
 event loop, and a blocking call (barrier, SSP clock, board wait, collect, task lease) is
-a future parked in ``ps_server.waiting.Waiters`` under the key of what it waits for, so
-waiting costs no thread (the reasons for this design are in ``ps_server.waiting``).
+a future parked in ``ps_server.coordinator.waiting.Waiters`` under the key of what it waits for, so
+waiting costs no thread (the reasons for this design are in ``ps_server.coordinator.waiting``).
 Whatever changes that state notifies the key, and the waiter runs its check again. A
 worker that is removed (lost executor, failed task) stops counting, so nobody waits for
 the dead forever; every wait ends by its request's timeout (``waiting.wait_deadline``).
@@ -27,18 +27,19 @@ from typing import TypeVar
 
 import numpy as np
 
-from ps_server import fencing, journal
-from ps_server.fits import FitBoard
-from ps_server.idle import LastUse, idle_ttl
+from ps_server import fencing
+from ps_server.coordinator import journal
+from ps_server.coordinator.fits import FitBoard
+from ps_server.coordinator.idle import LastUse, idle_ttl
+from ps_server.coordinator.tasks import TaskQueue
+from ps_server.coordinator.waiting import Waiters, wait_deadline
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.tasks import TaskQueue
-from ps_server.waiting import Waiters, wait_deadline
 from ps_server.wire import RequestError, from_array, guard, to_array
 
 __all__ = ["CoordinatorServicer", "COUNTERS"]
 
-log = logging.getLogger("ps_server.coordinator")
+log = logging.getLogger("ps_server.coordinator.servicer")
 
 #: Counters `GetMetrics` always reports (others appear once counted).
 COUNTERS = (
@@ -101,9 +102,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.queues: dict[str, TaskQueue] = {}
         self.last_use = LastUse(idle_ttl() if idle_seconds is None else idle_seconds)
         self._on_shutdown = on_shutdown
-        self.hosts = None  # a service across hosts: its ps_server.hosts.HostTable
+        self.hosts = None  # a service across hosts: its ps_server.coordinator.hosts.HostTable
         self.journal: journal.Journal | None = None  # across hosts, with a checkpoint dir
-        self.fits = FitBoard()  # the fits' progress, for the status page (ps_server.ui)
+        self.fits = FitBoard()  # the fits' progress, for the status page (ps_server.coordinator.ui)
 
     def _log(self, record: dict, sync: bool = False) -> None:
         """Journal a change (under `cond`, so records are in the order of the changes)."""
@@ -123,7 +124,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def _use(self, kind: str, key: Hashable) -> None:
         """Record that `key` of `kind` ("board", "parts", "barrier", "clock", "heartbeat",
         "queue", "executor") was used now, and drop what has been idle for the ttl
-        (holds `cond`; see ps_server.idle)."""
+        (holds `cond`; see ps_server.coordinator.idle)."""
         self.last_use.touch(kind, key)
         for kind, key in self.last_use.expired():
             if kind == "board":
@@ -317,8 +318,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def promote(self, index: int, pid: int, term: int, planned: bool = False) -> str:
         """The backup of `index` (process `pid`), which became primary in `term` (``fence``),
         is its primary in the map; returns its address ("" if the index moved on since).
-        `planned`: a hand-over of a live primary (a move, ps_server.migrate), not counted
-        as a promotion."""
+        `planned`: a hand-over of a live primary (a move, ps_server.coordinator.migrate), not
+        counted as a promotion."""
         with self.cond:
             address = self.backups[index]
             if address and self.terms[index] == term:
@@ -716,7 +717,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     @_guard
     async def Drain(self, request, context):
-        """Move every replica off host `request.host`, then tell it to stop (ps_server.migrate)."""
+        """Move every replica off host `request.host`, then tell it to stop
+        (ps_server.coordinator.migrate)."""
         if self.hosts is None:
             raise RequestError(
                 "FAILED_PRECONDITION",

@@ -27,14 +27,14 @@ import grpc
 
 from ps_server import cli, lifecycle, tls
 from ps_server.auth import is_loopback
+from ps_server.coordinator.service import _BLAS_THREAD_VARS
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.service import _BLAS_THREAD_VARS
 from ps_server.wire import TOKEN_KEY
 
 __all__ = ["HostSupervisor", "main"]
 
-log = logging.getLogger("ps_server.host_supervisor")
+log = logging.getLogger("ps_server.host.supervisor")
 _UNREACHABLE_LOG_SECONDS = 10.0  # how often an unreachable coordinator is logged
 _STOP_SECONDS = 5.0  # a shard told to stop gets this long before SIGKILL
 

@@ -20,13 +20,13 @@ import numpy as np
 
 from ps_server import checkpoint, lifecycle, timeouts, tls
 from ps_server.auth import TokenInterceptor, is_loopback
-from ps_server.cut import Cut
-from ps_server.direct import DirectServer
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.replica import MUTATIONS, Replica, digest, request_id
 from ps_server.requests import RequestStatsInterceptor
-from ps_server.tensors import ShardMemory, Tensor
+from ps_server.shard.cut import Cut
+from ps_server.shard.direct import DirectServer
+from ps_server.shard.replica import MUTATIONS, Replica, digest, request_id
+from ps_server.shard.tensors import ShardMemory, Tensor
 from ps_server.wire import (
     DEFAULT_MAX_REQUEST_MB,
     RequestError,
@@ -39,7 +39,7 @@ from ps_server.wire import (
 
 __all__ = ["ShardServicer", "serve_shard", "main"]
 
-log = logging.getLogger("ps_server.shard")
+log = logging.getLogger("ps_server.shard.server")
 
 _guard = guard(lambda self: f"shard {self.index}")
 #: Seconds a checkpoint waits for the mutations in flight to end before it gives up.
@@ -122,7 +122,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         self.checkpoint_roots: list[str] | None = None
         self.replica: Replica | None = None  # set when the service runs with --replicas 2
         #: Across hosts, a solo shard's Replica-to-be: made when it is first configured (a
-        #: move seeds a copy from it, ps_server.migrate); until then it runs as solo.
+        #: move seeds a copy from it, ps_server.coordinator.migrate); until then it runs as solo.
         self.become_primary: Callable[[], Replica] | None = None
         self.direct: DirectServer | None = None  # the direct lane (see serve_shard)
 
@@ -223,7 +223,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         return self._call(request)
 
     def direct_call(self, request: pb.CallRequest) -> pb.CallResponse:
-        """A ``Call`` from the direct lane (:mod:`ps_server.direct`): the same answer, for
+        """A ``Call`` from the direct lane (:mod:`ps_server.shard.direct`): the same answer, for
         functions that change no model state only (nothing to replicate or deduplicate)."""
         if self.replica is not None:
             self.replica.check_serving()
@@ -436,7 +436,10 @@ def checkpoint_roots(host: str, checkpoint_dir: str) -> list[str] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="One spark-ps shard (started by spark-ps-server).")
+    p = argparse.ArgumentParser(
+        prog="python -m ps_server.shard",
+        description="One spark-ps shard (started by spark-ps-server).",
+    )
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--coordinator", required=True, help="host:port of the coordinator")
     p.add_argument("--host", default="127.0.0.1")
@@ -499,6 +502,3 @@ def main(argv: list[str] | None = None) -> None:
     )
     lifecycle.wait_for_parent_or_stop(server)
 
-
-if __name__ == "__main__":
-    main()

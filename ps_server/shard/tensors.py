@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps_server import keys_jit
-from ps_server.optim import OPTIMIZERS, Optimizer, make_optimizer
 from ps_server.proto import ps_pb2 as pb
-from ps_server.storage import Contributions, DenseStore, SparseStore, Store
+from ps_server.shard.optim import OPTIMIZERS, Optimizer, make_optimizer
+from ps_server.shard.storage import Contributions, DenseStore, SparseStore, Store
 from ps_server.wire import RequestError
 
 __all__ = ["Tensor", "ShardMemory", "spec_from_state", "VALUE_DTYPES", "NAN_POLICIES"]

@@ -19,7 +19,7 @@ from ps_server import timeouts
 
 __all__ = ["TaskQueue", "DEFAULT_LEASE_SECONDS"]
 
-log = logging.getLogger("ps_server.tasks")
+log = logging.getLogger("ps_server.coordinator.tasks")
 
 DEFAULT_LEASE_SECONDS = timeouts.TASK_LEASE_SECONDS
 

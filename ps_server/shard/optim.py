@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ps_server.storage import Store
+from ps_server.shard.storage import Store
 
 __all__ = [
     "Optimizer",

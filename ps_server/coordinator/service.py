@@ -5,7 +5,7 @@ map's epoch moves on, so clients re-resolve it); with a checkpoint directory it
 restores the newest sealed snapshot first.
 
 With ``replicas=2`` every index also has a backup process that applies every
-update before it is acknowledged (``ps_server.replica``). When a primary dies its
+update before it is acknowledged (``ps_server.shard.replica``). When a primary dies its
 backup is promoted instead (no update lost), and a new backup is started and
 seeded from the survivor before it joins. Only when both die is the shard
 restarted as above. Promotions, resyncs, lost backups and restarts are counted
@@ -29,11 +29,11 @@ import grpc
 
 from ps_server import checkpoint, fencing, lifecycle, timeouts, tls
 from ps_server.auth import AioTokenInterceptor, is_loopback
-from ps_server.coordinator import CoordinatorServicer
-from ps_server.loop_server import LoopServer
+from ps_server.coordinator.loop_server import LoopServer
+from ps_server.coordinator.servicer import CoordinatorServicer
+from ps_server.coordinator.waiting import WAITING_SERVER_OPTIONS
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.waiting import WAITING_SERVER_OPTIONS
 from ps_server.wire import (
     DEFAULT_MAX_REQUEST_MB,
     TOKEN_KEY,
@@ -48,7 +48,7 @@ __all__ = ["Service", "READY_PREFIX", "UI_PREFIX"]
 # 66 dot products over 556k entries: ~280 ms CPU threaded vs ~30 ms single-threaded).
 _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
-log = logging.getLogger("ps_server.service")
+log = logging.getLogger("ps_server.coordinator.service")
 READY_PREFIX = "SPARK_PS_READY "
 #: Printed on stdout with the status page's URL once it serves (before READY_PREFIX).
 UI_PREFIX = "SPARK_PS_UI "
@@ -94,7 +94,8 @@ class Service:
         self.coordinator = CoordinatorServicer(
             num_shards, on_shutdown=self.stop_event.set, max_request_bytes=limit
         )
-        # grpc.aio on a thread of its own: a waiting call costs no thread (ps_server.waiting)
+        # grpc.aio on a thread of its own: a waiting call costs no thread
+        # (ps_server.coordinator.waiting)
         self.server = LoopServer(
             lambda server: pb_grpc.add_CoordinatorServicer_to_server(self.coordinator, server),
             f"{host}:{port}",
@@ -382,9 +383,9 @@ class Service:
             ch.close()  # cancels the calls in flight on it
 
     def start_ui(self, port: int = 0) -> str:
-        """Serve the status page (``ps_server.ui``) on `port` of the coordinator's address
-        (0: any free port); returns its URL, which is logged and printed on stdout."""
-        from ps_server.ui import StatusPage
+        """Serve the status page (``ps_server.coordinator.ui``) on `port` of the coordinator's
+        address (0: any free port); returns its URL, which is logged and printed on stdout."""
+        from ps_server.coordinator.ui import StatusPage
 
         self.ui = StatusPage(self, self.host, port)
         log.info("spark-ps status page: %s (also /status.json, /metrics)", self.ui.url)
@@ -421,7 +422,7 @@ def run(
     ui_port: int | None = None,
 ) -> None:
     """Start, announce readiness on stdout, supervise until told to stop; with `ui_port`
-    (0: any free port), serve the status page (``ps_server.ui``) too."""
+    (0: any free port), serve the status page (``ps_server.coordinator.ui``) too."""
     lifecycle.die_with_parent()
     service = Service(
         host,
