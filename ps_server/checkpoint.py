@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import re
 import uuid
@@ -23,27 +22,20 @@ import uuid
 import numpy as np
 from pyarrow import fs as pafs
 
-from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError
 
 __all__ = [
-    "model_arrays",
-    "models_from_arrays",
-    "save_shard",
     "save_arrays",
-    "load_shard",
+    "load_arrays",
     "write_manifest",
     "read_manifest",
     "sealed_versions",
     "latest_version",
-    "restore_latest",
     "prune",
     "check_under_roots",
 ]
 
-log = logging.getLogger("ps_server.checkpoint")
 _VERSION = re.compile(r"^v(\d{6,})$")
-_MODEL = re.compile(r"^m\d+\.")
 
 
 def _normalized(uri: str) -> str:
@@ -128,47 +120,9 @@ def _vdir(root: str, version: int) -> str:
     return f"{root}/v{version:06d}"
 
 
-def model_arrays(models: dict) -> dict[str, np.ndarray]:
-    """Every model slice (spec, weights, optimizer state) as named plain arrays (no pickle).
-
-    Shared by checkpoints and by the snapshot a primary streams to a new backup.
-    """
-    arrays: dict[str, np.ndarray] = {}
-    for i, (_name, tensor) in enumerate(sorted(models.items())):
-        with tensor.lock:
-            state = tensor.store.state()
-        arrays[f"m{i}.spec"] = np.frombuffer(tensor.spec.SerializeToString(), dtype=np.uint8)
-        for key, value in state.items():
-            arrays[f"m{i}.{key}"] = np.asarray(value)
-    return arrays
-
-
-def models_from_arrays(data) -> dict:
-    """Tensors back from `model_arrays` output (a dict or an `np.load` result)."""
-    from ps_server.shard.tensors import Tensor
-
-    names = list(data.keys()) if isinstance(data, dict) else data.files
-    models = {}
-    for prefix in sorted({k.split(".", 1)[0] for k in names if _MODEL.match(k)}):
-        spec = pb.ModelSpec()
-        spec.ParseFromString(data[f"{prefix}.spec"].tobytes())
-        state = {
-            k.split(".", 1)[1]: data[k]
-            for k in names
-            if k.startswith(prefix + ".") and k != f"{prefix}.spec"
-        }
-        models[spec.name] = Tensor.from_state(spec, state)
-    return models
-
-
-def save_shard(uri: str, version: int, index: int, models: dict) -> tuple[str, int]:
-    """Snapshot every model slice (weights and optimizer state) of one shard."""
-    return save_arrays(uri, version, index, model_arrays(models))
-
-
 def save_arrays(uri: str, version: int, index: int, arrays: dict) -> tuple[str, int]:
-    """Write one shard's `model_arrays` (taken as a consistent cut) as its file of
-    `version`; returns the path and the bytes written."""
+    """Write one shard's arrays (``ps_server.shard.snapshot.model_arrays``, taken as a
+    consistent cut) as its file of `version`; returns the path and the bytes written."""
     filesystem, root = _fs(uri)
     vdir = _vdir(root, version)
     _make_dir(filesystem, vdir)
@@ -179,14 +133,13 @@ def save_arrays(uri: str, version: int, index: int, arrays: dict) -> tuple[str, 
     return path, buf.tell()
 
 
-def load_shard(uri: str, version: int, index: int) -> dict:
-    """Read one shard's slices of a sealed version back into Tensors."""
+def load_arrays(uri: str, version: int, index: int):
+    """Read shard `index`'s file of a sealed version (an `np.load` result, no pickle)."""
     filesystem, root = _fs(uri)
     if not _sealed(filesystem, root, version):
         raise RequestError("NOT_FOUND", f"checkpoint {uri} v{version}: no manifest (torn?)")
     with filesystem.open_input_file(f"{_vdir(root, version)}/shard-{index}.npz") as f:
-        data = np.load(io.BytesIO(f.read()), allow_pickle=False)
-    return models_from_arrays(data)
+        return np.load(io.BytesIO(f.read()), allow_pickle=False)
 
 
 def write_manifest(uri: str, version: int, num_shards: int, extra: dict | None = None) -> None:
@@ -255,25 +208,3 @@ def latest_version(uri: str) -> int | None:
     """The newest sealed version under `uri`, or None."""
     versions = sealed_versions(uri)
     return versions[-1] if versions else None
-
-
-def restore_latest(uri: str, index: int) -> tuple[dict, int] | None:
-    """(models, version) of the newest sealed version whose file for shard `index` loads,
-    or None if no version is sealed.
-
-    A sealed version whose file is missing or unreadable is skipped with an error naming
-    it, so a restarted shard comes back from the previous one instead of crashing on it at
-    every restart; if none loads, RuntimeError names each version and why."""
-    versions = sealed_versions(uri)
-    failures = []
-    for version in reversed(versions):
-        try:
-            return load_shard(uri, version, index), version
-        except Exception as e:  # noqa: BLE001 - any unreadable file: try the previous one
-            failures.append(f"v{version}: {type(e).__name__}: {e}")
-            log.error("shard %d: checkpoint %s v%d does not load (%s)", index, uri, version, e)
-    if failures:
-        raise RuntimeError(
-            f"shard {index}: no sealed checkpoint version under {uri} loads: " + "; ".join(failures)
-        )
-    return None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ps_server import checkpoint
+from ps_server.shard import snapshot
 from spark_ps import PSContext, PSVector
 
 pytestmark = pytest.mark.timeout(240)
@@ -49,7 +50,7 @@ def test_every_checkpoint_holds_the_state_of_exactly_the_batches_in_its_ledger(t
             writer.join(60)
         assert len(committed) > 8  # commits ran while the checkpoints were taken
         for version in checkpoint.sealed_versions(uri):
-            models = checkpoint.load_shard(uri, version, 0)
+            models = snapshot.load_shard(uri, version, 0)
             batches = models["a_ledger"].store.num_rows
             z = models["z_state"]
             total = float(z.store.gather(np.array([0]))[0, 0]) if z.store.num_rows else 0.0

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ps_server import checkpoint
+from ps_server.shard import snapshot
 from spark_ps import PSContext, PSVector
 
 
@@ -37,7 +38,7 @@ def test_fifty_checkpoints_leave_the_newest_k(tmp_path):
         assert checkpoint.sealed_versions(uri) == [49, 50]
         left = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
         assert left == ["v000049", "v000050", "v000999"]
-        models = checkpoint.load_shard(uri, 50, 0)
+        models = snapshot.load_shard(uri, 50, 0)
         assert np.all(models["keep_w"].store.slot("w")[:32] == 49.0)
     finally:
         ctx.stop()

@@ -1,6 +1,10 @@
 """The packages' imports read one way: ps_server <- spark_ps.client <- spark_ps.models <-
 spark_ps.ml / spark_ps.context, and no module imports itself back through others.
 
+Inside ps_server, one package per process (coordinator, host, shard) sits on the modules
+they share: a process's package imports the shared modules and never another process's
+package, and a shared module imports no process's package.
+
 The import graph is read from the sources with ``ast`` (every ``import``, at module level,
 in functions and under ``TYPE_CHECKING`` alike: a deferred import is still a dependency).
 """
@@ -20,17 +24,12 @@ LAYERS = [
 ]
 
 #: Import cycles left to break: each one here must still exist (the list only shrinks).
-#: The coordinator's process: service, coordinator, hosts, journal, migrate, host_service.
-KNOWN_CYCLES = [
-    {
-        "ps_server.coordinator.servicer",
-        "ps_server.coordinator.host_service",
-        "ps_server.coordinator.hosts",
-        "ps_server.coordinator.journal",
-        "ps_server.coordinator.migrate",
-        "ps_server.coordinator.service",
-    },
-]
+KNOWN_CYCLES: list[set[str]] = []
+
+#: ps_server's process packages; the rest of ps_server is what they share.
+PROCESSES = ("ps_server.coordinator", "ps_server.host", "ps_server.shard")
+#: What starts the processes: it may import any of them.
+LAUNCHERS = {"ps_server.__main__"}
 
 
 def _modules() -> dict[str, Path]:
@@ -121,6 +120,22 @@ def _layer(mod: str) -> int:
     return len(LAYERS)  # spark_ps.ml, spark_ps.context and the rest of spark_ps: the top
 
 
+def _process(mod: str) -> str | None:
+    return next((p for p in PROCESSES if mod == p or mod.startswith(p + ".")), None)
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of ps_server that cross a process boundary: from one process's package into
+    another's, or from a shared module into a process's package."""
+    return sorted(
+        f"{mod} imports {target}"
+        for mod, targets in graph.items()
+        if mod.startswith("ps_server") and mod not in LAUNCHERS
+        for target in targets
+        if _process(target) is not None and _process(target) != _process(mod)
+    )
+
+
 def test_the_cycle_finder_finds_a_cycle_and_no_false_one():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(graph) == [{"a", "b", "c"}]
@@ -133,6 +148,26 @@ def test_the_graph_sees_module_level_deferred_and_type_checking_imports():
     assert "spark_ps.worker_daemon" in graph["spark_ps.context"]  # inside a function
     assert "ps_server.shard.tensors" in graph["ps_server.shard.replica"]  # under TYPE_CHECKING
     assert "ps_server.proto" not in graph and len(graph) > 60
+
+
+def test_the_crossing_finder_finds_each_kind_of_crossing_and_no_false_one():
+    graph = {
+        "ps_server.shard.server": {"ps_server.wire", "ps_server.shard.tensors"},
+        "ps_server.coordinator.ui": {"ps_server.shard.tensors"},  # process -> process
+        "ps_server.checkpoint": {"ps_server.shard.tensors"},  # shared -> process
+        "ps_server.__main__": {"ps_server.coordinator.service"},  # the launcher
+        "spark_ps.client.client": {"ps_server.shard.direct"},  # a higher layer
+    }
+    assert crossings(graph) == [
+        "ps_server.checkpoint imports ps_server.shard.tensors",
+        "ps_server.coordinator.ui imports ps_server.shard.tensors",
+    ]
+
+
+def test_processes_share_only_the_shared_modules():
+    graph = import_graph()
+    assert {"ps_server.coordinator.servicer", "ps_server.host.supervisor"} <= set(graph)
+    assert not crossings(graph), "imports across ps_server's process packages"
 
 
 def test_layers_import_downwards_only():

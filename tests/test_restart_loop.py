@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from ps_server import checkpoint
 from ps_server.coordinator.service import Service
+from ps_server.shard import snapshot
 from spark_ps.client import PSClient
 from spark_ps.client.spec import TensorSpec
 
@@ -40,14 +40,14 @@ def _sealed_pair(tmp_path) -> tuple[str, TensorSpec]:
 def test_an_unreadable_newest_version_falls_back_to_the_previous_one(tmp_path):
     uri, _ = _sealed_pair(tmp_path)
     (tmp_path / "ckpt" / "v000002" / "shard-1.npz").write_bytes(b"not an npz")
-    models, version = checkpoint.restore_latest(uri, 1)
+    models, version = snapshot.restore_latest(uri, 1)
     assert version == 1
     assert np.all(models["loop_w"].store.slot("w")[:5] == 1.0)
-    models, version = checkpoint.restore_latest(uri, 0)  # shard 0's file is fine
+    models, version = snapshot.restore_latest(uri, 0)  # shard 0's file is fine
     assert version == 2
     (tmp_path / "ckpt" / "v000001" / "shard-1.npz").unlink()
     with pytest.raises(RuntimeError, match=r"no sealed checkpoint version .* loads: v2: .*; v1"):
-        checkpoint.restore_latest(uri, 1)
+        snapshot.restore_latest(uri, 1)
 
 
 @pytest.mark.slow

@@ -26,7 +26,8 @@ restart and recover as from one (``spark_ps.ml._recovery``).
 
 A host that joins later takes its share of the partitions, and `spark-ps-server drain`
 empties one: each watcher thread also carries out its partition's moves
-(``ps_server.coordinator.migrate``). With ``replicas=1`` a shard runs solo until a move
+(``ps_server.coordinator.migrate`` plans them, :func:`run_move` carries one out). With
+``replicas=1`` a shard runs solo until a move
 first configures it: it then turns primary (``ShardServicer.become_primary``) to seed the copy.
 """
 
@@ -41,7 +42,7 @@ import time
 
 import grpc
 
-from ps_server import lifecycle, timeouts, tls
+from ps_server import fencing, lifecycle, timeouts, tls
 from ps_server.coordinator import journal, migrate, placement
 from ps_server.coordinator.hosts import HostTable, RemoteShard
 from ps_server.coordinator.service import READY_PREFIX, Service
@@ -52,6 +53,7 @@ from ps_server.wire import DEFAULT_MAX_REQUEST_MB, TOKEN_KEY
 __all__ = ["HostService", "LISTENING_PREFIX", "DEFAULT_HOST_TIMEOUT", "main"]
 
 log = logging.getLogger("ps_server.coordinator.hosts")
+move_log = logging.getLogger("ps_server.coordinator.migrate")  # run_move's records
 #: Printed once the coordinator accepts hosts (before they join; READY_PREFIX follows).
 LISTENING_PREFIX = "SPARK_PS_LISTENING "
 #: Seconds without a heartbeat after which a host is lost (its lease).
@@ -254,7 +256,7 @@ class HostService(Service):
             return
         move = self.moves.take(i)
         if move is not None:
-            migrate.run(self, move)
+            run_move(self, move)
 
     def _launch(self, timeout: float) -> None:
         """Wait for `min_hosts` hosts, place the partitions on them, start them."""
@@ -348,6 +350,104 @@ class HostService(Service):
         super().stop()
         if self.journal is not None:  # its shards stop with it: nothing left to resume
             self.journal.close(remove=True)
+
+
+# ---------------------------------------------------------------- carrying out one move
+class MoveFailed(Exception):
+    pass
+
+
+def run_move(svc: HostService, move: migrate.Move) -> None:
+    """Carry `move` out on its partition's watcher thread; records its outcome."""
+    i = move.partition
+    move_log.warning(
+        "moving partition %d's %s from host %s to %s (%s)",
+        i,
+        move.role,
+        move.from_host,
+        move.to_host,
+        move.reason,
+    )
+    deadline = time.monotonic() + migrate.MOVE_SECONDS
+    try:
+        if move.role == "backup":
+            _move_backup(svc, i, move.to_host, deadline)
+        else:
+            _move_primary(svc, move, deadline)
+    except Exception as e:  # noqa: BLE001 - recorded: a move left "moving" would stall all
+        why = e.details() if isinstance(e, grpc.RpcError) else str(e) or repr(e)
+        move_log.error(
+            "partition %d: moving its %s to host %s failed: %s",
+            i,
+            move.role,
+            move.to_host,
+            why,
+            exc_info=not isinstance(e, (MoveFailed, grpc.RpcError)),
+        )
+        svc.moves.finish(move, why)
+        if svc.replicas == 1 and svc.backups[i] is not None:  # the copy is no backup of ours
+            svc._discard_backup(i, "was a move's copy, and the move failed")
+        return
+    svc.moves.finish(move)
+    svc.coordinator.count("move")
+    move_log.warning(
+        "partition %d's %s is on host %s now (%.2fs)", i, move.role, move.to_host, move.seconds
+    )
+
+
+def _move_backup(svc: HostService, i: int, to: str, deadline: float) -> None:
+    """Seed and attach a backup of `i` on host `to` (retiring one elsewhere first)."""
+    b = svc.backups[i]
+    if b is not None and b.host == to and svc.backup_addr[i]:
+        return
+    svc.table.set_slot(i, backup=to)
+    if b is not None:
+        svc._discard_backup(i, f"is retired: the partition's copy goes to host {to}")
+    while not svc.backup_addr[i]:
+        p = svc.procs[i]
+        if p is None or p.poll() is not None:
+            raise MoveFailed(f"its primary died before the copy on host {to} was seeded")
+        if svc.stop_event.is_set():
+            raise MoveFailed("the PS service is stopping")
+        if time.monotonic() > deadline:
+            raise MoveFailed(
+                f"the copy on host {to} was not seeded within {migrate.MOVE_SECONDS:g}s"
+            )
+        svc._tend_backup(i, resync=False)  # starts it, seeds it once registered
+        b = svc.backups[i]
+        if b is not None and b.host != to:  # host `to` is gone: placed elsewhere
+            raise MoveFailed(f"host {to} cannot take it (placed on {b.host} instead)")
+        svc.stop_event.wait(0.05)
+
+
+def _move_primary(svc: HostService, move: migrate.Move, deadline: float) -> None:
+    i, to = move.partition, move.to_host
+    old = svc.procs[i]
+    if old is None or old.poll() is not None:
+        raise MoveFailed("its primary is not running")
+    if old.host == to:
+        return
+    _move_backup(svc, i, to, deadline)
+    b, addr = svc.backups[i], svc.backup_addr[i]
+    if svc.coordinator.backups[i] != addr:
+        raise MoveFailed(f"its primary dropped the copy on host {to} before the hand-over")
+    # the old primary steps down first (after its update in flight, which the copy has
+    # too): from here no client reads or writes there, nor anywhere until the copy serves
+    stopped = svc._configure(svc.coordinator.addresses[i], backup="", role="deposed")
+    # the copy takes the next term if it has every update up to the step-down (fencing)
+    try:
+        promoted = fencing.promote_backup(
+            svc.coordinator, i, addr, b.pid, svc._configure, min_seq=stopped.seq, planned=True
+        )
+    except grpc.RpcError:
+        promoted = False
+    if not promoted:  # neither serves now: the watcher restarts the partition (checkpoint)
+        b.terminate()
+        old.terminate()
+        raise MoveFailed(f"the copy on host {to} could not take over from the deposed primary")
+    svc.procs[i], svc.backups[i], svc.backup_addr[i] = b, None, ""
+    svc.table.set_slot(i, primary=to, backup=move.backup_to if svc.replicas == 2 else "")
+    old.terminate()  # its host stops it
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -120,6 +120,31 @@ class HostTable:
         if self.journal is not None:
             self.journal.append(record, sync)
 
+    def replay(self, r: dict, now: float) -> None:
+        """Apply one of the journal's host-table records (``journal.HOST_RECORDS``)."""
+        t = r["t"]
+        if t == "next_launch":
+            self.next_number = max(self.next_number, int(r["n"]))
+        elif t == "host":
+            info = pb.HostInfo.FromString(journal.unb64(r["info"]))
+            self.hosts[info.id] = _Host(info, now, alive=bool(r["alive"]))
+        elif t == "launch":
+            x = _Launch(int(r["n"]), int(r["partition"]), r["role"], r["host"], r["restore"])
+            self.launches[x.number] = x
+            self.next_number = max(self.next_number, x.number + 1)
+        elif t == "lost":
+            self.lost[int(r["i"])] = r["why"]
+        else:  # registered, ended, unwanted
+            x = self.launches.get(int(r["n"]))
+            if x is None:
+                return  # pruned before the snapshot
+            if t == "registered":
+                x.address, x.pid = r["address"], int(r["pid"])
+            elif t == "ended":
+                x.returncode, x.wanted = int(r["code"]), False
+            else:
+                x.wanted = False
+
     @property
     def heartbeat_seconds(self) -> float:
         return self.timeout / HEARTBEATS_PER_LEASE

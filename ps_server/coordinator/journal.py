@@ -312,12 +312,18 @@ def part_record(topic: str, round_: int, part: int, values: np.ndarray) -> dict:
 
 
 # ------------------------------------------------------------ replay
+#: The records the host table writes and replays (``ps_server.coordinator.hosts``).
+HOST_RECORDS = frozenset(
+    {"next_launch", "host", "launch", "registered", "ended", "unwanted", "lost"}
+)
+
+
 def replay(records: list[dict], coordinator, table) -> dict:
     """Apply `records` to a fresh coordinator and host table; returns the config record.
 
     The coordinator's shard map must already be sized to the config's partitions (the
-    caller sizes it from the first record)."""
-    from ps_server.coordinator.hosts import _Host, _Launch
+    caller sizes it from the first record). The host table applies its own records
+    (``HostTable.replay``)."""
     from ps_server.coordinator.tasks import TaskQueue
 
     c, config = coordinator, {}
@@ -326,27 +332,8 @@ def replay(records: list[dict], coordinator, table) -> dict:
         t = r.get("t")
         if t == "config":
             config = r
-        elif t == "next_launch":
-            table.next_number = max(table.next_number, int(r["n"]))
-        elif t == "host":
-            info = pb.HostInfo.FromString(unb64(r["info"]))
-            table.hosts[info.id] = _Host(info, now, alive=bool(r["alive"]))
-        elif t == "launch":
-            x = _Launch(int(r["n"]), int(r["partition"]), r["role"], r["host"], r["restore"])
-            table.launches[x.number] = x
-            table.next_number = max(table.next_number, x.number + 1)
-        elif t in ("registered", "ended", "unwanted"):
-            x = table.launches.get(int(r["n"]))
-            if x is None:
-                continue  # pruned before the snapshot
-            if t == "registered":
-                x.address, x.pid = r["address"], int(r["pid"])
-            elif t == "ended":
-                x.returncode, x.wanted = int(r["code"]), False
-            else:
-                x.wanted = False
-        elif t == "lost":
-            table.lost[int(r["i"])] = r["why"]
+        elif t in HOST_RECORDS:
+            table.replay(r, now)
         else:
             _replay_coordinator(c, r, TaskQueue)
     for q in c.queues.values():  # DOING leases are not journaled: every undone task is TODO

@@ -12,9 +12,9 @@ a primary to its backup's host when it has one (a promotion), else to its next c
 a backup to its next choice other than its primary's host. A drain is refused when fewer
 live hosts than replicas would be left.
 
-**How one moves, without stopping writes** (run by the partition's own watcher thread in
-``ps_server.coordinator.service``, the only thread that changes its processes; at most
-:data:`PARALLEL` moves run at once):
+**How one moves, without stopping writes** (``run_move`` in
+``ps_server.coordinator.host_service``, on the partition's own watcher thread, the only
+thread that changes its processes; at most :data:`PARALLEL` moves run at once):
 
 1. A backup is seeded on the target host from the primary's snapshot and attached, as for
    any new backup (``ps_server.shard.replica``): from then on it applies every update before
@@ -43,19 +43,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import grpc
-
-from ps_server import fencing
 from ps_server.coordinator import placement
 from ps_server.coordinator.placement import Slot
 from ps_server.proto import ps_pb2 as pb
 
-if TYPE_CHECKING:
-    from ps_server.coordinator.host_service import HostService
-
-__all__ = ["Move", "Moves", "plan_join", "plan_drain", "run", "PARALLEL", "MOVE_SECONDS"]
+__all__ = ["Move", "Moves", "plan_join", "plan_drain", "PARALLEL", "MOVE_SECONDS"]
 
 log = logging.getLogger("ps_server.coordinator.migrate")
 
@@ -273,99 +266,3 @@ class Moves:
     def messages(self) -> list[pb.Move]:
         with self.lock:
             return [m.message() for m in self.moves]
-
-
-# ---------------------------------------------------------------- running one move
-class MoveFailed(Exception):
-    pass
-
-
-def run(svc: HostService, move: Move) -> None:
-    """Carry `move` out on its partition's watcher thread; records its outcome."""
-    i = move.partition
-    log.warning(
-        "moving partition %d's %s from host %s to %s (%s)",
-        i,
-        move.role,
-        move.from_host,
-        move.to_host,
-        move.reason,
-    )
-    deadline = time.monotonic() + MOVE_SECONDS
-    try:
-        if move.role == "backup":
-            _move_backup(svc, i, move.to_host, deadline)
-        else:
-            _move_primary(svc, move, deadline)
-    except Exception as e:  # noqa: BLE001 - recorded: a move left "moving" would stall all
-        why = e.details() if isinstance(e, grpc.RpcError) else str(e) or repr(e)
-        log.error(
-            "partition %d: moving its %s to host %s failed: %s",
-            i,
-            move.role,
-            move.to_host,
-            why,
-            exc_info=not isinstance(e, (MoveFailed, grpc.RpcError)),
-        )
-        svc.moves.finish(move, why)
-        if svc.replicas == 1 and svc.backups[i] is not None:  # the copy is no backup of ours
-            svc._discard_backup(i, "was a move's copy, and the move failed")
-        return
-    svc.moves.finish(move)
-    svc.coordinator.count("move")
-    log.warning(
-        "partition %d's %s is on host %s now (%.2fs)", i, move.role, move.to_host, move.seconds
-    )
-
-
-def _move_backup(svc: HostService, i: int, to: str, deadline: float) -> None:
-    """Seed and attach a backup of `i` on host `to` (retiring one elsewhere first)."""
-    b = svc.backups[i]
-    if b is not None and b.host == to and svc.backup_addr[i]:
-        return
-    svc.table.set_slot(i, backup=to)
-    if b is not None:
-        svc._discard_backup(i, f"is retired: the partition's copy goes to host {to}")
-    while not svc.backup_addr[i]:
-        p = svc.procs[i]
-        if p is None or p.poll() is not None:
-            raise MoveFailed(f"its primary died before the copy on host {to} was seeded")
-        if svc.stop_event.is_set():
-            raise MoveFailed("the PS service is stopping")
-        if time.monotonic() > deadline:
-            raise MoveFailed(f"the copy on host {to} was not seeded within {MOVE_SECONDS:g}s")
-        svc._tend_backup(i, resync=False)  # starts it, seeds it once registered
-        b = svc.backups[i]
-        if b is not None and b.host != to:  # host `to` is gone: placed elsewhere
-            raise MoveFailed(f"host {to} cannot take it (placed on {b.host} instead)")
-        svc.stop_event.wait(0.05)
-
-
-def _move_primary(svc: HostService, move: Move, deadline: float) -> None:
-    i, to = move.partition, move.to_host
-    old = svc.procs[i]
-    if old is None or old.poll() is not None:
-        raise MoveFailed("its primary is not running")
-    if old.host == to:
-        return
-    _move_backup(svc, i, to, deadline)
-    b, addr = svc.backups[i], svc.backup_addr[i]
-    if svc.coordinator.backups[i] != addr:
-        raise MoveFailed(f"its primary dropped the copy on host {to} before the hand-over")
-    # the old primary steps down first (after its update in flight, which the copy has
-    # too): from here no client reads or writes there, nor anywhere until the copy serves
-    stopped = svc._configure(svc.coordinator.addresses[i], backup="", role="deposed")
-    # the copy takes the next term if it has every update up to the step-down (fencing)
-    try:
-        promoted = fencing.promote_backup(
-            svc.coordinator, i, addr, b.pid, svc._configure, min_seq=stopped.seq, planned=True
-        )
-    except grpc.RpcError:
-        promoted = False
-    if not promoted:  # neither serves now: the watcher restarts the partition (checkpoint)
-        b.terminate()
-        old.terminate()
-        raise MoveFailed(f"the copy on host {to} could not take over from the deposed primary")
-    svc.procs[i], svc.backups[i], svc.backup_addr[i] = b, None, ""
-    svc.table.set_slot(i, primary=to, backup=move.backup_to if svc.replicas == 2 else "")
-    old.terminate()  # its host stops it

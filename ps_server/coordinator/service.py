@@ -43,11 +43,6 @@ from ps_server.wire import (
 
 __all__ = ["Service", "READY_PREFIX", "UI_PREFIX"]
 
-# One shard per core: BLAS-1 vector ops are memory-bound, and OpenBLAS's own threads
-# (spinning between calls) cost ~10x the CPU of the work on a busy machine (a shard's
-# 66 dot products over 556k entries: ~280 ms CPU threaded vs ~30 ms single-threaded).
-_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
 log = logging.getLogger("ps_server.coordinator.service")
 READY_PREFIX = "SPARK_PS_READY "
 #: Printed on stdout with the status page's URL once it serves (before READY_PREFIX).
@@ -147,9 +142,7 @@ class Service:
         ]
         if self.checkpoint_dir:  # a backup does not restore, but checkpoints there if promoted
             cmd += ["--restore", self.checkpoint_dir]
-        env = dict(os.environ, SPARK_PS_TOKEN=self.token)
-        for var in _BLAS_THREAD_VARS:  # unless the operator chose otherwise
-            env.setdefault(var, "1")
+        env = lifecycle.shard_env(self.token)
         with self._lock:
             if self.stop_event.is_set():
                 return None

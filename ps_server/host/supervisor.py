@@ -27,7 +27,6 @@ import grpc
 
 from ps_server import cli, lifecycle, tls
 from ps_server.auth import is_loopback
-from ps_server.coordinator.service import _BLAS_THREAD_VARS
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
@@ -180,9 +179,7 @@ class HostSupervisor:
             cmd += ["--max-request-mb", str(self.max_request_mb)]
         if launch.restore:
             cmd += ["--restore", launch.restore]
-        env = dict(os.environ, SPARK_PS_TOKEN=self.token)
-        for var in _BLAS_THREAD_VARS:  # unless the operator chose otherwise
-            env.setdefault(var, "1")
+        env = lifecycle.shard_env(self.token)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
         log.info(
             "started shard %d (%s, launch %d): pid %d",

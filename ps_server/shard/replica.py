@@ -52,10 +52,10 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 import numpy as np
 
-from ps_server import checkpoint
 from ps_server.fencing import ReplicaState
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.shard.snapshot import model_arrays, models_from_arrays
 from ps_server.timeouts import (
     DROP_CONFIRM_SECONDS,
     FORWARD_SECONDS,
@@ -536,7 +536,7 @@ class Replica:
 def digest_arrays(models: dict) -> dict:
     """What `digest` hashes, copied at one instant (model arrays) or shared (contributions
     are never changed in place)."""
-    arrays = checkpoint.model_arrays(models)
+    arrays = model_arrays(models)
     arrays.update(_contribution_arrays(models))
     return arrays
 
@@ -561,7 +561,7 @@ def _contribution_arrays(models: dict) -> dict[str, np.ndarray]:
 def snapshot_arrays(models: dict, answers: OrderedDict) -> dict:
     """What a snapshot holds, taken at one instant: copies of the models' arrays, the
     pending contributions (never changed in place) and the answers (a shallow copy)."""
-    arrays = checkpoint.model_arrays(models)
+    arrays = model_arrays(models)
     arrays.update(_contribution_arrays(models))
     arrays["answers"] = OrderedDict(answers)
     return arrays
@@ -594,7 +594,7 @@ def restore_snapshot(source) -> tuple[dict, OrderedDict]:
     """Inverse of `snapshot` (its bytes, or a file it was written to): (models with their
     pending contributions, answers)."""
     data = np.load(io.BytesIO(source) if isinstance(source, bytes) else source, allow_pickle=False)
-    models = checkpoint.models_from_arrays(data)
+    models = models_from_arrays(data)
     by_prefix = {f"c{i}": t for i, (_n, t) in enumerate(sorted(models.items()))}
     contributed = [k.split(".") for k in data.files if k.startswith("c") and k.endswith(".k")]
     # each part's chunk 0 first: putting it replaces the part's other chunks

@@ -23,6 +23,7 @@ from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.requests import RequestStatsInterceptor
+from ps_server.shard import snapshot
 from ps_server.shard.cut import Cut
 from ps_server.shard.direct import DirectServer
 from ps_server.shard.replica import MUTATIONS, Replica, digest, request_id
@@ -259,7 +260,7 @@ class ShardServicer(pb_grpc.ShardServicer):
         with self.cut.exclusive(CUT_TIMEOUT, f"shard {self.index}: checkpoint"):
             with self._lock:
                 models = {n: t for n, t in self.models.items() if n.startswith(request.prefix)}
-            arrays = checkpoint.model_arrays(models)  # copies: written with no lock held
+            arrays = snapshot.model_arrays(models)  # copies: written with no lock held
         path, nbytes = checkpoint.save_arrays(request.uri, request.version, self.index, arrays)
         return pb.CheckpointResponse(path=path, nbytes=nbytes, num_models=len(models))
 
@@ -267,7 +268,7 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_replicated()
     def Restore(self, request, context):
         checkpoint.check_under_roots(request.uri, self.checkpoint_roots, f"shard {self.index}")
-        models = checkpoint.load_shard(request.uri, request.version, self.index)
+        models = snapshot.load_shard(request.uri, request.version, self.index)
         if request.prefix:
             models = {n: t for n, t in models.items() if n.startswith(request.prefix)}
         with self._lock:  # models created since the snapshot are kept
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
             servicer, "primary", args.coordinator, token, limit
         )
     if args.restore and args.role != "backup":
-        restored = checkpoint.restore_latest(args.restore, args.index)
+        restored = snapshot.restore_latest(args.restore, args.index)
         if restored is not None:
             models, version = restored
             servicer.adopt(models)
@@ -501,4 +502,3 @@ def main(argv: list[str] | None = None) -> None:
         launch=(args.host_id, args.incarnation),
     )
     lifecycle.wait_for_parent_or_stop(server)
-

@@ -26,17 +26,17 @@ import uuid
 import grpc
 import numpy as np
 
-from ps_server.coordinator.waiting import (
-    DEADLINE_MARGIN_SECONDS,
-    DEFAULT_WAIT_SECONDS,
-    MAX_WAIT_SECONDS,
-)
 from ps_server.keys import is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.shard import direct as direct_lane
 from ps_server.shard.direct import DirectError, DirectLink
 from ps_server.shard.replica import REQUEST_ID_KEY
+from ps_server.timeouts import (
+    DEADLINE_MARGIN_SECONDS,
+    DEFAULT_WAIT_SECONDS,
+    MAX_WAIT_SECONDS,
+)
 from ps_server.tls import open_channel
 from ps_server.wire import LIMIT_HINT, TOKEN_KEY, from_array, to_array
 from spark_ps.client.reach import check_reachable

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ps_server.coordinator.waiting import MAX_WAIT_SECONDS
 from ps_server.lifecycle import keep_freed_memory
+from ps_server.timeouts import MAX_WAIT_SECONDS
 from spark_ps.client import PSUnreachable, get_client
 from spark_ps.client.reach import reaches, unreachable_in
 
