@@ -20,10 +20,11 @@ use the numpy paths.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
+
+from ps_server.jit import jit_wanted
 
 __all__ = [
     "available",
@@ -54,7 +55,7 @@ def _kernels():
 
 
 def _compile():
-    if os.environ.get("SPARK_PS_NO_JIT", "") not in ("", "0"):
+    if not jit_wanted():
         return None
     try:
         from ps_server import _keys_kernels

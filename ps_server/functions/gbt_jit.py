@@ -14,9 +14,10 @@ with ``SPARK_PS_NO_JIT=1``) :func:`kernel` returns None and the numpy search is 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
+
+from ps_server.jit import jit_wanted
 
 __all__ = ["kernel"]
 
@@ -31,7 +32,7 @@ def kernel():
 
 
 def _compile():
-    if os.environ.get("SPARK_PS_NO_JIT", "") not in ("", "0"):
+    if not jit_wanted():
         return None
     try:
         from numba import njit

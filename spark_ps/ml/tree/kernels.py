@@ -15,11 +15,11 @@ process. Without numba (or with ``SPARK_PS_NO_JIT=1``) callers fall back to nump
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
 
+from ps_server.jit import jit_wanted
 from spark_ps.ml.tree.portable_exp import exp_scalar
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 try:  # pragma: no cover - exercised by whichever environment runs the tests
-    if os.environ.get("SPARK_PS_NO_JIT", "") not in ("", "0"):
+    if not jit_wanted():
         raise ImportError("SPARK_PS_NO_JIT is set")
     from numba import njit
 

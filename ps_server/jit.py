@@ -1,0 +1,21 @@
+"""One switch for every numba-compiled pass: ``SPARK_PS_NO_JIT``.
+
+Set to anything but ``""`` or ``"0"``, the key passes (:mod:`ps_server.keys_jit`), the
+shards' GBT split search (:mod:`ps_server.functions.gbt_jit`) and the workers' tree kernels
+(``spark_ps.ml.tree.kernels``) take their numpy paths instead. Each reads it once, when it
+would first compile.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["NO_JIT_ENV", "jit_wanted"]
+
+NO_JIT_ENV = "SPARK_PS_NO_JIT"
+
+
+def jit_wanted() -> bool:
+    """Whether to compile with numba: False when ``SPARK_PS_NO_JIT`` is set to anything
+    but ``""`` or ``"0"`` (numba itself may still be missing: callers fall back then too)."""
+    return os.environ.get(NO_JIT_ENV, "") in ("", "0")
