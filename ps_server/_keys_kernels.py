@@ -199,7 +199,7 @@ def lookup(slot_keys, slot_rows, keys, out, bits):
     With `bits` > 0 the keys are first spread by the top `bits` of their home slot, so the
     probes walk the table region by region (each a cache-sized run) instead of at random."""
     if bits == 0:
-        _lookup(slot_keys, slot_rows, keys, out)
+        _probe_all(slot_keys, slot_rows, keys, keys[:0], keys[:0], out)
         return
     mask = slot_keys.size - 1
     umask = np.uint64(mask)
@@ -223,28 +223,21 @@ def lookup(slot_keys, slot_rows, keys, out, bits):
         p = start[b]
         start[b] = p + 1
         pkeys[p], phome[p], perm[p] = keys[i], home[i], i
-    for j in range(n):
-        k = pkeys[j]
-        s = phome[j]
-        row = -1
-        while True:
-            found = slot_keys[s]
-            if found == k:
-                row = slot_rows[s]
-                break
-            if found == -1:
-                break
-            s = (s + 1) & mask
-        out[perm[j]] = row
+    _probe_all(slot_keys, slot_rows, pkeys, phome, perm, out)
 
 
 @njit(nogil=True, cache=True)
-def _lookup(slot_keys, slot_rows, keys, out):
+def _probe_all(slot_keys, slot_rows, keys, homes, order, out):
+    """out[order[j]] = row of keys[j] in a HashIndex table, else -1, probing linearly from
+    its home slot homes[j]. Empty `homes`: each home is computed here; empty `order`: out[j].
+    The one probe loop of both lookups (a per-key helper call measured 1.4-3x slower)."""
     mask = slot_keys.size - 1
     umask = np.uint64(mask)
-    for i in range(keys.size):
-        k = keys[i]
-        s = np.int64(_mix(k) & umask)
+    in_order = order.size == 0
+    hashed = homes.size == 0
+    for j in range(keys.size):
+        k = keys[j]
+        s = np.int64(_mix(k) & umask) if hashed else homes[j]
         row = -1
         while True:
             found = slot_keys[s]
@@ -254,7 +247,7 @@ def _lookup(slot_keys, slot_rows, keys, out):
             if found == -1:
                 break
             s = (s + 1) & mask
-        out[i] = row
+        out[j if in_order else order[j]] = row
 
 
 @njit(nogil=True, cache=True)
