@@ -17,7 +17,8 @@ import pytest
 from child_jobs import result_of, spark_submit
 from pyspark.ml.linalg import Vectors
 
-from ps_server.checkpoint import latest_version, load_shard, read_manifest, sealed_versions
+from ps_server.checkpoint import latest_version, read_manifest, sealed_versions
+from ps_server.shard.snapshot import load_shard
 from spark_ps import PSContext, PSVector
 from spark_ps.client import PSError
 from spark_ps.ml import _recovery
