@@ -129,7 +129,9 @@ class LogisticRegression(
     Accepts MLlib's Params with MLlib's defaults plus ``solver``, ``batchSize``,
     ``stepSize``, ``numShards``, ``staleness``, ``numWorkers``, ``featureValuesCol`` and
     ``compressBits`` / ``compressPrune`` / ``compressPruneFraction`` (a compressed model,
-    see :py:meth:`LogisticRegressionModel.compress`).
+    see :py:meth:`LogisticRegressionModel.compress`) and ``validationIndicatorCol`` (MLlib's
+    GBT Param: rows where that boolean column is true are held out of the fit and scored at
+    each iteration; binomial ``lbfgs`` fits only).
 
     Examples
     --------
