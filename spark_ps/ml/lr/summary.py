@@ -71,8 +71,9 @@ class BinaryLogisticRegressionTrainingSummary(
     @property
     def validationAucHistory(self) -> list[float]:
         """Area under ROC of the validation rows (``validationIndicatorCol`` true) after each
-        iteration, one value per iteration (aligned with ``objectiveHistory[1:]``); empty
-        without ``validationIndicatorCol`` (spark-ps only).
+        iteration, one value per iteration (aligned with ``objectiveHistory[1:]``; NaN when
+        the validation rows hold one label only); empty without ``validationIndicatorCol``
+        (spark-ps only).
 
         Computed by the workers from score histograms of P(y=1) in 1000 equal bins on
         [0, 1] (``spark_ps.ml.binned_metrics``): rows of different labels in one bin count
