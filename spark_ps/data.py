@@ -40,9 +40,13 @@ __all__ = [
     "iter_minibatches",
     "check_binary_labels",
     "features_kind",
+    "VALIDATION_FLAG",
+    "read_flags",
 ]
 
 _VECTOR_FIELDS = ("type", "size", "indices", "values")
+VALIDATION_FLAG = "__spark_ps_validation"
+"""The boolean column flagging validation rows in a fit job's input (validationIndicatorCol)."""
 DENSE_MAX_FEATURES = 4096
 """Rows of at most this many features that store every column are computed on as a matrix."""
 _SUPPORTED = (
@@ -295,6 +299,12 @@ class DenseBatch:
     def nnz(self) -> int:
         """Number of stored entries (every cell)."""
         return self.matrix.size
+
+    def take(self, rows: np.ndarray) -> DenseBatch:
+        """Rows gathered in the given order (copies)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        opt = (None if a is None else a[rows] for a in (self.labels, self.weights))
+        return DenseBatch(self.matrix[rows], *opt)
 
     def localize(self) -> tuple[np.ndarray, DenseBatch]:
         """(``arange(num_features)``, self): every column is touched, ids are the keys."""
@@ -750,6 +760,15 @@ def read_partition(
             num_features or 0, labels=label_col is not None, weights=weight_col is not None
         )
     return CSRBatch.concat(parts)
+
+
+def read_flags(batches: list[pa.RecordBatch], column: str) -> np.ndarray:
+    """bool [rows]: a non-null boolean column of a partition's record batches, in order
+    (the rows :func:`read_partition` reads from the same batches)."""
+    parts = [
+        b.column(b.schema.get_field_index(column)).to_numpy(zero_copy_only=False) for b in batches
+    ]
+    return np.concatenate(parts).astype(bool) if parts else np.zeros(0, bool)
 
 
 def _is_packed(dtype: pa.DataType) -> bool:

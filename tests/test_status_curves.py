@@ -1,7 +1,8 @@
 """The status page's live curves of a GBT fit (tree count, training and validation loss per
-tree) and of an FTRL stream (each micro-batch's window metrics): real local[2] Spark, an
-embedded PS with ``spark.ps.uiPort=0``, the curves read back from the page and its JSON and
-compared with what the model and the learner report."""
+tree), of a LogisticRegression fit (loss and validation AUC per iteration) and of an FTRL
+stream (each micro-batch's window metrics): real local[2] Spark, an embedded PS with
+``spark.ps.uiPort=0``, the curves read back from the page and its JSON and compared with
+what the model and the learner report."""
 
 from __future__ import annotations
 
@@ -105,6 +106,35 @@ def test_gbt_reports_each_tree_and_its_training_and_validation_loss(spark, ui_ps
     assert f"tree {grown}/6" in html
     for metric in ("train loss", "validation loss", "validation auc"):
         assert _svg_points(html, fit["fit"], metric) == grown
+
+
+def test_lr_reports_each_iterations_loss_and_validation_auc(spark, ui_ps):
+    from pyspark.ml.linalg import Vectors
+
+    from spark_ps.ml.classification import LogisticRegression
+
+    rng = np.random.default_rng(5)
+    n = 800
+    X = rng.normal(size=(n, 5))
+    y = (X @ [1.0, -2.0, 0.5, 0.0, 1.0] + rng.normal(size=n) > 0).astype(float)
+    df = spark.createDataFrame(
+        [(float(y[i]), Vectors.dense(X[i]), i % 3 == 0) for i in range(n)],
+        ["label", "features", "isVal"],
+    )
+    model = LogisticRegression(maxIter=15, regParam=0.01, validationIndicatorCol="isVal").fit(df)
+    summary = model.summary
+    iters = summary.totalIterations
+    html, fits = _page(ui_ps)
+    fit = [f for f in fits if f["name"] == "spark-ps LogisticRegression"][-1]
+    assert fit["finished"] and fit["unit"] == "iteration" and fit["done"] == iters >= 3
+    points = fit["points"]
+    assert [p["done"] for p in points] == list(range(1, iters + 1))
+    assert np.allclose([p["loss"] for p in points], summary.objectiveHistory[1:], rtol=1e-12)
+    aucs = [p["validation auc"] for p in points]
+    assert np.allclose(aucs, summary.validationAucHistory, rtol=1e-12)
+    assert 0.8 < aucs[-1] <= 1.0  # a separable signal: the held-out rows rank well
+    for metric in ("loss", "validation auc"):
+        assert _svg_points(html, fit["fit"], metric) == iters
 
 
 @pytest.mark.slow

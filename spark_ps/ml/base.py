@@ -52,7 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_ps import _jvm
-from spark_ps.data import CSRBatch, arrow_to_csr
+from spark_ps.data import VALIDATION_FLAG, CSRBatch, arrow_to_csr
 from spark_ps.ml._job import num_partitions
 
 __all__ = [
@@ -61,6 +61,9 @@ __all__ = [
     "PreparedData",
     "features_kind",
     "prepare_fit_data",
+    "validation_indicator",
+    "split_validation",
+    "training_flag",
     "ArrowScoring",
     "ArrowRegressionScoring",
     "ArraysWritable",
@@ -90,6 +93,37 @@ def _field(schema: T.StructType, name: str, param: str) -> T.StructField:
             f"Column {name!r} ({param}) does not exist. Available: {schema.fieldNames()}"
         )
     return schema[name]
+
+
+def validation_indicator(params: Params, dataset: DataFrame) -> str | None:
+    """The ``validationIndicatorCol`` of `params` to split `dataset` on, checked as MLlib
+    checks it (the column exists and is boolean); None when the Param is unset or empty."""
+    if not isinstance(dataset, DataFrame):
+        raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
+    param = "validationIndicatorCol"
+    name = params.getOrDefault(param) if params.isDefined(param) else ""
+    if not name:
+        return None
+    dtype = _field(dataset.schema, name, param).dataType
+    if not isinstance(dtype, T.BooleanType):
+        raise TypeError(
+            f"Column {name!r} ({param}) must be of type boolean but was actually "
+            f"{dtype.simpleString()}."
+        )
+    return name
+
+
+def split_validation(dataset: DataFrame, name: str) -> tuple[DataFrame, DataFrame]:
+    """MLlib's split on validationIndicatorCol `name`: (rows where it is false, rows where
+    it is true); a row whose flag is null is in neither."""
+    flag = F.col(_quote(name))
+    return dataset.where(~flag), dataset.where(flag)
+
+
+def training_flag(name: str) -> Any:
+    """1 for a training row of validationIndicatorCol `name`, null for any other row (what
+    ``F.count`` skips and ``F.when`` tests as false)."""
+    return F.when(~F.col(_quote(name)), F.lit(1))
 
 
 def features_kind(schema: T.StructType, name: str, param: str = "featuresCol") -> str:
@@ -212,6 +246,7 @@ class PreparedData:
     ``label_col`` and ``weight_col`` are double columns of ``df`` under their Param names;
     ``weight_col`` / ``values_col`` are None when unused (weights 1.0, key values 1.0).
     ``features_kind`` is ``"vector"``, ``"keys"`` or ``"dense"`` (see ``spark_ps.data``).
+    ``validation_col``, when set, flags the rows that validate rather than train.
     """
 
     df: DataFrame
@@ -221,6 +256,8 @@ class PreparedData:
     values_col: str | None
     features_kind: str
     num_workers: int
+    #: the boolean column of ``df`` flagging validation rows (``VALIDATION_FLAG``), or None
+    validation_col: str | None = None
 
 
 def prepare_fit_data(
@@ -232,6 +269,7 @@ def prepare_fit_data(
     values_col: str | None = None,
     num_workers: int = 0,
     densify_max: int = 0,
+    validation_col: str | None = None,
 ) -> PreparedData:
     """Validate column types, keep only the needed columns and repartition to the workers.
 
@@ -240,7 +278,10 @@ def prepare_fit_data(
     worker running at once). With ``densify_max``, a vector column whose first row is a
     dense vector of at most that size travels densified (kind ``"dense"``; read it with
     ``read_partition(..., dense_matrix=True)``): packed by the JVM bridge as one float64
-    ``binary`` per row (see :func:`densified`), else as ``array<double>``.
+    ``binary`` per row (see :func:`densified`), else as ``array<double>``. With
+    ``validation_col`` (a checked validationIndicatorCol) the rows keep its value as the
+    boolean column ``VALIDATION_FLAG``; rows where it is null are dropped (MLlib's split
+    puts them in neither set).
     """
     if not isinstance(dataset, DataFrame):
         raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
@@ -269,13 +310,17 @@ def prepare_fit_data(
             RuntimeWarning,
             stacklevel=3,
         )
+    if validation_col:
+        dataset = dataset.where(F.col(_quote(validation_col)).isNotNull())
+        cols.append(F.col(_quote(validation_col)).alias(VALIDATION_FLAG))
     df = dataset.select(*cols)
     if densify:
         df, kind = densified(df, features_col), "dense"
     if num_partitions(df) != workers:
         df = df.repartition(workers)
+    flag = VALIDATION_FLAG if validation_col else None
     return PreparedData(
-        df, features_col, label_col, weight_col or None, values_col or None, kind, workers
+        df, features_col, label_col, weight_col or None, values_col or None, kind, workers, flag
     )
 
 

@@ -47,6 +47,9 @@ from spark_ps.ml.base import (
     check_weights,
     feature_checks,
     prepare_fit_data,
+    split_validation,
+    training_flag,
+    validation_indicator,
     weight_checks,
 )
 from spark_ps.ml.gbt.model import GBTClassificationModel, GBTRegressionModel
@@ -179,33 +182,12 @@ class _GBTEstimator(DefaultParamsWritable):
 
     def _split(self, dataset: DataFrame) -> tuple[DataFrame, DataFrame | None]:
         """MLlib's split: rows with validationIndicatorCol true validate, the others train."""
-        if not isinstance(dataset, DataFrame):
-            raise TypeError(f"dataset must be a DataFrame but got {type(dataset)}.")
-        name = (
-            self.getOrDefault("validationIndicatorCol")
-            if self.isDefined("validationIndicatorCol")
-            else ""
-        )
-        if not name:
-            return dataset, None
-        if name not in dataset.columns:
-            raise ValueError(
-                f"Column {name!r} (validationIndicatorCol) does not exist. "
-                f"Available: {dataset.columns}"
-            )
-        dtype = dataset.schema[name].dataType
-        if not isinstance(dtype, T.BooleanType):
-            raise TypeError(
-                f"Column {name!r} (validationIndicatorCol) must be of type boolean but was "
-                f"actually {dtype.simpleString()}."
-            )
-        flag = F.col(_quote(name))
-        return dataset.where(~flag), dataset.where(flag)
+        name = validation_indicator(self, dataset)
+        return (dataset, None) if name is None else split_validation(dataset, name)
 
     def _training_flag(self) -> Any:
         """1 for a training row, null for a validation row (what ``F.count`` skips)."""
-        flag = F.col(_quote(self.getOrDefault("validationIndicatorCol")))
-        return F.when(~flag, F.lit(1))
+        return training_flag(self.getOrDefault("validationIndicatorCol"))
 
     def _prepare(self, dataset: DataFrame) -> PreparedData:
         return prepare_fit_data(

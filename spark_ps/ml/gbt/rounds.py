@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ps_server.keys import mix64
-from spark_ps.data import read_partition
+from spark_ps.data import VALIDATION_FLAG, read_flags, read_partition
 from spark_ps.ml._job import WorkerContext, _latest
 from spark_ps.ml.gbt.boost_worker import boost, tree_topic
 from spark_ps.ml.tree import kernels
@@ -28,7 +28,7 @@ from spark_ps.ml.tree.tree import TreeArrays
 if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
     from spark_ps.ml.base import PreparedData
 
-VAL = "__spark_ps_validation"  # the column flagging validation rows in the job's input
+VAL = VALIDATION_FLAG  # the column flagging validation rows in the job's input
 _KEY_MASK = np.uint64((1 << 63) - 1)
 
 
@@ -63,16 +63,7 @@ def setup_rows(prepared: PreparedData) -> Callable:
             ctx.state.update({k: np.zeros(0) for k in ("y", "w", "yv", "wv")})
             return
         t2 = time.perf_counter()
-        flags = (
-            np.concatenate(
-                [
-                    b.column(b.schema.get_field_index(VAL)).to_numpy(zero_copy_only=False)
-                    for b in batches
-                ]
-            )
-            if batches
-            else np.zeros(0, bool)
-        )
+        flags = read_flags(batches, VAL)
         if dense:  # packed or array<double> rows: one matrix, no index arrays
             X = csr.matrix
         else:

@@ -29,6 +29,7 @@ from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
+from spark_ps.ml.binned_metrics import NUM_BINS, binned_auc
 from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of, minimize_lbfgsb
 from spark_ps.ml.lr.estimator import TrainResult, check_label_counts
 from spark_ps.ml.lr.objective import (
@@ -39,7 +40,7 @@ from spark_ps.ml.lr.objective import (
 )
 from spark_ps.ml.lr.optim import WARM, minimize_lbfgs, warm_state
 from spark_ps.ml.lr.ps_space import PSVecSpace
-from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
+from spark_ps.ml.lr.rounds import DIMS_COLUMNS, HANDLERS, setup_rows
 from spark_ps.models import PSMatrix, PSVector
 
 __all__ = ["train_lbfgs_binomial"]
@@ -69,6 +70,9 @@ class _Fit:
         self.keyset = None if ks.keyset is None else ks.keyset.name
         self.spent: dict[str, float] = dict.fromkeys(_EVAL_PARTS + _WORKER_PARTS, 0.0)
         self.spent["evaluations"] = 0
+        self.validation = False  # whether the workers hold validation rows to score
+        #: the last evaluation's validation score histograms (see `rounds._grad`), or None
+        self.histograms: np.ndarray | None = None
 
     def stats(self):
         """(mean, std, label weights): one worker round that fills two [K, cols] matrices,
@@ -131,7 +135,8 @@ class _Fit:
                 dot, x_last = np.sum([a[0] for _, a in out], axis=0)
                 offset = float(x_last) - float(dot)
             t1 = time.perf_counter()
-            r, (loss, wsum, grad_b, *worker) = self.job.call(
+            extra = {"validation": True} if self.validation else {}
+            r, out = self.job.call(
                 "grad",
                 x=x.name,
                 g=g.name,
@@ -140,7 +145,11 @@ class _Fit:
                 fit_intercept=self.fit_intercept,
                 dim=self.dim,
                 keyset=self.keyset,
+                **extra,
             )
+            loss, wsum, grad_b, *worker = out[:6]
+            if self.validation:
+                self.histograms = out[6:]
             t2 = time.perf_counter()
             g.reduce(r)
             t3 = time.perf_counter()
@@ -208,7 +217,7 @@ def _key_space(
     nw = job.num_workers
     _, out = job.call("dims", num_workers=nw)
     phases.mark("job start + read")
-    out = out.reshape(nw, 6)
+    out = out.reshape(nw, DIMS_COLUMNS)
     log.info("worker read %s s, localize %s s", out[:, 3].round(2), out[:, 4].round(2))
     sizes = sorted({int(v) for v in out[:, 0] if v > 0})
     if len(sizes) > 1 and prepared.features_kind != "keys":
@@ -216,7 +225,10 @@ def _key_space(
     if not sizes:
         raise ValueError("the training dataset is empty")
     top = max((int(hi) << 31) + int(lo) for hi, lo in out[:, 1:3])
-    num_features = top + 1 if prepared.features_kind == "keys" else sizes[0]
+    # keys: the model's dimension is the training rows' (validation rows' keys are numbered
+    # too, for scoring them, but no training row moves their coefficient off 0)
+    train_top = max((int(hi) << 31) + int(lo) for hi, lo in out[:, 6:8])
+    num_features = train_top + 1 if prepared.features_kind == "keys" else sizes[0]
     dense = prepared.features_kind != "keys" and num_features <= _DENSE_OUTPUT_LIMIT
     if identity and prepared.features_kind != "keys" and num_features <= _IDENTITY_LIMIT:
         return _KeySpace(None, num_features, num_features, dense)  # numbering saves nothing
@@ -236,7 +248,7 @@ def _key_space(
             log.info("dense key numbering refused (%s); numbering in a hash index", e)
             dense_ids = False
     if keyset is None:
-        keyset = PSVector.sparse(max(num_features, 1), name=name, context=ps)
+        keyset = PSVector.sparse(max(num_features, top + 1, 1), name=name, context=ps)
     try:
         job.call("keys", keyset=keyset.name)
         counts = [r["count"] for r, _ in ps.client.call("keyspace.count", [keyset.spec])]
@@ -278,6 +290,7 @@ def train_lbfgs_binomial(prepared: PreparedData, params: dict) -> TrainResult:
         recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
         built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
         stamps: list[float] = []  # iteration timestamps, over every attempt
+        aucs: list[float] = []  # validation AUC per iteration, over every attempt
 
         def attempt(resume: dict | None) -> TrainResult:
             if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
@@ -285,7 +298,7 @@ def train_lbfgs_binomial(prepared: PreparedData, params: dict) -> TrainResult:
                 _set_up(built, job, ps, prepared, params, phases, recovery.prefix)
             if "result" in built:
                 return built["result"]
-            return _solve(built, stamps, params, phases, recovery, resume)
+            return _solve(built, stamps, params, phases, recovery, resume, aucs)
 
         try:
             return recovery.run(attempt)
@@ -314,6 +327,7 @@ def _set_up(
     ks = built["ks"]
     space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix)
     fit = built["fit"] = _Fit(job, space, fit_intercept, ks, prepared.label_col)
+    fit.validation = prepared.validation_col is not None
     mean, std, label_weight = fit.stats()
     phases.mark("statistics")
     if fit_intercept and np.count_nonzero(label_weight) == 1:
@@ -352,9 +366,11 @@ def _solve(
     phases: _Phases,
     recovery: FitRecovery,
     resume: dict | None,
+    aucs: list[float],
 ) -> TrainResult:
     """Run the solver from `built`'s start point, or from `resume` (a rollback's state),
-    then read the coefficients back."""
+    then read the coefficients back; with validation rows, their AUC at each iteration
+    goes to `aucs` (which, like `stamps`, spans the fit's attempts)."""
     fit_intercept = bool(params["fitIntercept"])
     ks, space, fit, vecs = built["ks"], built["space"], built["fit"], built["vecs"]
     k = ks.size
@@ -363,7 +379,7 @@ def _solve(
         x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
 
     bar = Progress("spark-ps LogisticRegression", int(params["maxIter"]))
-    timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
+    timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar, fit, aucs)
 
     res = solve(space, timed_evaluate, x, built.get("box"), params, vecs.l1_weight, progress,
                 lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
@@ -377,17 +393,32 @@ def _solve(
     coef = coef_h.pull(ids) if keys.size else np.zeros(0)
     result = _result(ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
     result.iteration_timestamps = list(stamps)
+    if fit.validation:
+        result.validation_auc = list(aucs)
     phases.mark("coefficients")
     result.phases = {**phases.seconds, **{k: round(float(v), 4) for k, v in fit.spent.items()}}
     return result
 
 
-def _timed(evaluate, stamps: list, phases: _Phases, bar: Progress):
+def _timed(
+    evaluate, stamps: list, phases: _Phases, bar: Progress, fit=None, aucs: list | None = None
+):
     """The solver's `evaluate` and iteration callback, stamping each iteration's time
-    (the initial point's evaluation first: objectiveHistory[0]) and moving `bar`."""
+    (the initial point's evaluation first: objectiveHistory[0]) and moving `bar`; when
+    `fit` (a `_Fit`) scores validation rows, each iteration's validation AUC goes to `aucs`
+    and `bar` too."""
+    aucs = [] if aucs is None else aucs
+    accepted: list = []  # the histograms of the iterate the solver stands on
+
+    def histograms():
+        return None if fit is None else fit.histograms
 
     def timed_evaluate(x, g) -> float:
         value = evaluate(x, g)
+        if not accepted:  # this attempt's start point
+            accepted.append(histograms())
+            # the iterations a restart redoes (`stamps` is trimmed to its resume point)
+            del aucs[max(len(stamps) - 1, 0) :]
         if not stamps:  # the initial point: objectiveHistory[0]
             stamps.append(time.perf_counter() - phases.start)
             phases.mark("first objective")
@@ -395,7 +426,16 @@ def _timed(evaluate, stamps: list, phases: _Phases, bar: Progress):
 
     def progress(info) -> None:
         stamps.append(time.perf_counter() - phases.start)
-        bar.update(info.iteration, loss=info.value)
+        metrics = {"loss": info.value}
+        if histograms() is not None:
+            # the iterate is the last point evaluated, unless the line search failed (step
+            # 0.0, minimize_lbfgs): then it has not moved
+            if info.step != 0.0:
+                accepted[0] = histograms()
+            h = accepted[0]
+            aucs.append(binned_auc(h[:NUM_BINS], h[NUM_BINS:]))
+            metrics["validation auc"] = aucs[-1]
+        bar.update(info.iteration, **metrics)
 
     return timed_evaluate, progress
 

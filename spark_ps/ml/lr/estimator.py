@@ -28,6 +28,9 @@ from spark_ps.ml.base import (
     check_weights,
     feature_checks,
     prepare_fit_data,
+    split_validation,
+    training_flag,
+    validation_indicator,
     weight_checks,
 )
 from spark_ps.ml.lr.model import LogisticRegressionModel
@@ -68,6 +71,8 @@ class TrainResult:
     iteration_timestamps: Sequence[float] | None = None  # seconds since the fit started
     phases: dict[str, float] | None = None  # seconds per set-up phase (trainers that time them)
     num_classes: int | None = None  # K for a multinomial result, None for a binomial one
+    validation_auc: Sequence[float] | None = None  # binned AUC of the validation rows per
+    # iteration (objectiveHistory[1:]), for a fit with validationIndicatorCol
 
 
 Trainer = Callable[[PreparedData, dict[str, Any]], TrainResult]
@@ -79,7 +84,11 @@ def register_trainer(solver: str, trainer: Trainer | None) -> Trainer | None:
 
     ``params`` maps every defined Param name to its value, plus ``numClasses`` (K, from
     the label column) and ``multinomial`` (the family MLlib's rules pick). A trainer that
-    cannot fit a multinomial model raises NotImplementedError. Passing None unregisters.
+    cannot fit a multinomial model raises NotImplementedError. A trainer that honours
+    ``validationIndicatorCol`` (trains on the rows ``prepared.validation_col`` does not flag
+    and fills ``TrainResult.validation_auc``) says so with an attribute
+    ``takes_validation = True``; ``fit`` refuses the Param with any other. Passing None
+    unregisters.
     """
     if solver not in SOLVERS:
         raise ValueError(f"solver {solver!r} is not one of {', '.join(SOLVERS)}")
@@ -120,7 +129,9 @@ class LogisticRegression(
     Accepts MLlib's Params with MLlib's defaults plus ``solver``, ``batchSize``,
     ``stepSize``, ``numShards``, ``staleness``, ``numWorkers``, ``featureValuesCol`` and
     ``compressBits`` / ``compressPrune`` / ``compressPruneFraction`` (a compressed model,
-    see :py:meth:`LogisticRegressionModel.compress`).
+    see :py:meth:`LogisticRegressionModel.compress`) and ``validationIndicatorCol`` (MLlib's
+    GBT Param: rows where that boolean column is true are held out of the fit and scored at
+    each iteration; binomial ``lbfgs`` fits only).
 
     Examples
     --------
@@ -167,6 +178,7 @@ class LogisticRegression(
         compressBits: int = 0,
         compressPrune: float = 0.0,
         compressPruneFraction: float = 0.0,
+        validationIndicatorCol: str | None = None,
     ):
         """If the threshold and thresholds Params are both set, they must be equivalent."""
         super().__init__()
@@ -208,6 +220,7 @@ class LogisticRegression(
         compressBits: int = 0,
         compressPrune: float = 0.0,
         compressPruneFraction: float = 0.0,
+        validationIndicatorCol: str | None = None,
     ) -> LogisticRegression:
         """Sets Params by keyword; threshold and thresholds, if both given, must agree."""
         self._set(**self._input_kwargs)
@@ -318,11 +331,18 @@ class LogisticRegression(
         """Sets the value of :py:attr:`compressPruneFraction`."""
         return self._set(compressPruneFraction=value)
 
+    def setValidationIndicatorCol(self, value: str) -> LogisticRegression:
+        """Sets the value of :py:attr:`validationIndicatorCol`."""
+        return self._set(validationIndicatorCol=value)
+
     # fit ---------------------------------------------------------------------------------
 
     def _fit(self, dataset: DataFrame) -> LogisticRegressionModel:
         self._validate_params()
         self._check_supported()
+        val_col = validation_indicator(self, dataset)
+        if val_col is not None and self.getSolver() != "lbfgs":
+            raise self._no_validation(val_col, f"solver={self.getSolver()!r}")
         prepared = prepare_fit_data(
             dataset,
             features_col=self.getFeaturesCol(),
@@ -331,10 +351,11 @@ class LogisticRegression(
             values_col=self._feature_values_col(),
             num_workers=self.getNumWorkers(),
             densify_max=DENSE_MAX_FEATURES if self.getSolver() == "lbfgs" else 0,
+            validation_col=val_col,
         )
         # A trainer that checks labels in its own statistics pass saves a Spark job; weights
         # (null/NaN/negative) are still checked here first, with MLlib's plain ValueError.
-        num_classes = self._check_labels(dataset)
+        num_classes = self._check_labels(dataset, val_col)
         multinomial = self._check_family(num_classes)
         if multinomial and self.getCompressBits():
             raise NotImplementedError(
@@ -342,6 +363,11 @@ class LogisticRegression(
                 f"models can be compressed (this fit is multinomial, {num_classes} classes)"
             )
         trainer = get_trainer(self.getSolver())
+        if val_col is not None and multinomial:
+            raise self._no_validation(val_col, f"a multinomial fit ({num_classes} classes)")
+        if val_col is not None and not getattr(trainer, "takes_validation", False):
+            name = getattr(trainer, "__qualname__", repr(trainer))
+            raise self._no_validation(val_col, f"the registered lbfgs trainer {name}")
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
         params.update(numClasses=num_classes, multinomial=multinomial)
         result = trainer(prepared, params)
@@ -366,10 +392,19 @@ class LogisticRegression(
             model = model.compress(
                 self.getCompressBits(), self.getCompressPrune(), self.getCompressPruneFraction()
             )
-        model._set_training_summary(dataset, result.objective_history, result.total_iterations)
+        training = dataset if val_col is None else split_validation(dataset, val_col)[0]
+        model._set_training_summary(training, result.objective_history, result.total_iterations)
         model._timestamps = list(result.iteration_timestamps or [])
+        model._validation_auc = list(result.validation_auc or [])
         model._fit_phases = dict(result.phases or {})
         return model
+
+    def _no_validation(self, column: str, what: str) -> ValueError:
+        return ValueError(
+            f"{self.uid} parameter validationIndicatorCol={column!r}: validationIndicatorCol "
+            f"is supported by the binomial L-BFGS fit (solver='lbfgs', two classes), not by "
+            f"{what}; unset it, or fit on the training rows alone."
+        )
 
     def _check_family(self, num_classes: int) -> bool:
         """MLlib's ``checkMultinomial``, and its thresholds-length rule: True for multinomial."""
@@ -393,23 +428,28 @@ class LogisticRegression(
             )
         return multinomial
 
-    def _check_labels(self, dataset: DataFrame) -> int:
+    def _check_labels(self, dataset: DataFrame, val_col: str | None = None) -> int:
         """One aggregation over label, weight and features: integer labels >= 0, valid
         weights, features MLlib accepts (see `feature_checks`), not empty.
 
         Returns the number of classes as MLlib counts them: the label column's nominal
-        metadata when it has some (every label must be below it), else max label + 1.
+        metadata when it has some (every label must be below it), else max label + 1, over
+        the training rows (with validationIndicatorCol `val_col`, whose validation rows'
+        labels must be below it too).
         """
         label_name = self.getLabelCol()
         attr = dataset.schema[label_name].metadata.get("ml_attr", {})
         n_vals = int(attr.get("num_vals", len(attr.get("vals", []))))
         label = F.col(f"`{label_name}`").cast("double")
+        training = F.lit(1) if val_col is None else training_flag(val_col)
         aggs = [
-            F.count(F.lit(1)).alias("n"),
-            F.max(label).alias("max"),
+            F.count(training).alias("n"),
+            F.max(F.when(training.isNotNull(), label)).alias("max"),
             F.sum((label.isNull() | F.isnan(label)).cast("long")).alias("nulls"),
             F.sum(((label < 0) | (label != F.floor(label))).cast("long")).alias("bad"),
         ]
+        if val_col is not None:
+            aggs.append(F.max(F.when(F.col(f"`{val_col}`"), label)).alias("vmax"))
         weight_name = self._weight_col()
         aggs += weight_checks(weight_name)
         aggs += feature_checks(dataset.schema, self.getFeaturesCol())
@@ -431,7 +471,15 @@ class LogisticRegression(
                 f"column {label_name!r} (labelCol) gives {n_vals} classes but its max label "
                 f"is {row['max']}"
             )
-        return n_vals if n_vals else top + 1
+        num_classes = n_vals if n_vals else top + 1
+        if val_col is not None and row["vmax"] is not None and row["vmax"] >= num_classes:
+            raise ValueError(
+                f"Classification labels should be in [0 to {num_classes - 1}]: the training "
+                f"rows give {num_classes} classes but a validation row (column {val_col!r}, "
+                f"validationIndicatorCol, true) has label {row['vmax']} in column "
+                f"{label_name!r} (labelCol)"
+            )
+        return num_classes
 
 
 def check_label_counts(

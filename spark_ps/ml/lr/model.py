@@ -459,6 +459,7 @@ class LogisticRegressionModel(
         if self._summary is None:
             self._summary = self._make_summary(*self._training)
             self._summary._iteration_timestamps = list(getattr(self, "_timestamps", []))
+            self._summary._validation_auc = list(getattr(self, "_validation_auc", []))
         return self._summary
 
     def _set_training_summary(

@@ -53,6 +53,7 @@ __all__ = [
     "merge_stats",
     "finalize_stats",
     "loss_and_grad",
+    "margins",
     "LRVectors",
     "build_lr_vectors",
     "initial_point",
@@ -432,6 +433,23 @@ def _dense_rows(csr: CSRBatch | DenseBatch, k: int) -> np.ndarray | None:
     return out
 
 
+def margins(
+    csr: CSRBatch | DenseBatch,
+    coef_local: np.ndarray,
+    intercept: float,
+    inv_std_local: np.ndarray,
+    fit_intercept: bool,
+) -> np.ndarray:
+    """float64 [n_rows]: ``X @ (coef * inv_std)`` plus ``intercept`` when ``fit_intercept``,
+    the margins of a localized batch in the standardized space (see :func:`loss_and_grad`,
+    which computes its loss from them)."""
+    X = _scipy_csr(csr, coef_local.shape[0])
+    margin = X @ (coef_local * inv_std_local)
+    if fit_intercept:
+        margin += intercept
+    return margin
+
+
 def loss_and_grad(
     csr: CSRBatch,
     coef_local: np.ndarray,
@@ -487,10 +505,8 @@ def loss_and_grad(
             f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
             "coefficients were given (is the batch localized?)"
         )
+    margin = margins(csr, coef_local, intercept, inv_std_local, fit_intercept)
     X = _scipy_csr(csr, k)  # `rows` is no longer needed: scipy walks the CSR itself
-    margin = X @ (coef_local * inv_std_local)
-    if fit_intercept:
-        margin += intercept
     # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
     # A numpy sum, not a BLAS dot: an OpenBLAS call this size wakes helper threads that
     # then spin, taking a core from the partition beside this one.

@@ -38,7 +38,10 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
     lbfgs solver checkpoints the PS every that many iterations when
     ``spark.ps.checkpointDir`` is set, and otherwise keeps a copy of its iterate on the
     driver that often (-1: never; a shard restart then starts the fit over). Either way a
-    fit survives a shard restart (``spark_ps.ml._recovery``).
+    fit survives a shard restart (``spark_ps.ml._recovery``). ``validationIndicatorCol`` is
+    MLlib's GBT Param (same name and meaning: rows where the boolean column is true validate,
+    the others train), here for the binomial ``lbfgs`` fit: see
+    ``BinaryLogisticRegressionTrainingSummary.validationAucHistory``.
     """
 
     solver: Param[str] = Param(
@@ -106,6 +109,17 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
         typeConverter=TypeConverters.toFloat,
     )
 
+    validationIndicatorCol: Param[str] = Param(
+        Params._dummy(),
+        "validationIndicatorCol",
+        "name of the column that indicates whether each row is for training or for "
+        "validation. False indicates training; true indicates validation. Validation rows "
+        "are held out of the fit (statistics, loss and gradient) and scored at each "
+        "iteration: their binned AUC goes to summary.validationAucHistory and to the fit's "
+        "progress (status page, TensorBoard). Binomial fits with solver lbfgs only.",
+        typeConverter=TypeConverters.toString,
+    )
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._setDefault(
@@ -152,6 +166,10 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
     def getCompressPruneFraction(self) -> float:
         """Gets the value of :py:attr:`compressPruneFraction` or its default value."""
         return self.getOrDefault(self.compressPruneFraction)
+
+    def getValidationIndicatorCol(self) -> str:
+        """Gets the value of :py:attr:`validationIndicatorCol` or its default value."""
+        return self.getOrDefault(self.validationIndicatorCol)
 
     def getFeatureValuesCol(self) -> str:
         """Gets the value of :py:attr:`featureValuesCol` or its default value."""

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from spark_ps.data import iter_minibatches, read_partition
+from spark_ps.data import CSRBatch, iter_minibatches, read_flags, read_partition
 from spark_ps.ml._job import WorkerContext, best_effort
-from spark_ps.ml.lr.objective import feature_stats, loss_and_grad
+from spark_ps.ml.binned_metrics import score_histograms
+from spark_ps.ml.lr.objective import feature_stats, loss_and_grad, margins
 from spark_ps.ml.lr.softmax import class_weights, softmax_loss_and_grad
 
 if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
 
 ASP = -1  #: the ``staleness`` value that means asynchronous (no clock waits)
 CLOCK_TIMEOUT = 3600.0  #: seconds a worker waits for the slowest one before failing
+DIMS_COLUMNS = 8  #: numbers each partition reports in the ``dims`` round (see `_dims`)
 
 
 def _executor_id() -> str:
@@ -128,7 +130,9 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
 
 def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:
     """The worker's read: its partition as a CSRBatch (or, for dense arrays when
-    ``dense_matrix``, a DenseBatch), localized to the keys it touches."""
+    ``dense_matrix``, a DenseBatch), localized to the keys it touches. With a validation
+    column (``prepared.validation_col``) its flagged rows are kept apart as ``vlocal``,
+    localized to the same keys, and ``local`` holds only the training rows."""
     features, label, weight, values = (
         prepared.features_col,
         prepared.label_col,
@@ -136,9 +140,12 @@ def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:
         prepared.values_col,
     )
     dense = dense_matrix and prepared.features_kind == "dense"
+    flag_col = prepared.validation_col
 
     def setup(batches, ctx: WorkerContext) -> None:
         t0 = time.perf_counter()
+        if flag_col:
+            batches = list(batches)  # read twice: the rows, then their flags
         csr = read_partition(
             batches,
             features,
@@ -150,23 +157,40 @@ def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:
         t1 = time.perf_counter()
         keys, local = csr.localize()
         ctx.state.update(rows=csr.n_rows, num_features=csr.num_features, keys=keys, local=local)
+        ctx.state["train_top"] = int(keys[-1]) if keys.size else -1
+        if flag_col:
+            _split_validation(ctx.state, read_flags(batches, flag_col))
         ctx.state["setup_s"] = [t1 - t0, time.perf_counter() - t1]
 
     return setup
 
 
+def _split_validation(s: dict, flags: np.ndarray) -> None:
+    """Keep the validation rows of ``s["local"]`` apart as ``s["vlocal"]`` (same local key
+    ids), and the largest key the training rows touch as ``s["train_top"]``."""
+    local = s["local"]
+    s["local"] = train = local.take(np.flatnonzero(~flags))
+    s["vlocal"] = local.take(np.flatnonzero(flags))
+    if isinstance(train, CSRBatch):
+        s["train_top"] = int(s["keys"][train.indices.max()]) if train.nnz else -1
+
+
 def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """This partition's feature dimension and largest key (as exact 31-bit halves), and
-    how long reading and localizing took."""
+    """This partition's feature dimension and largest key (as exact 31-bit halves), how
+    long reading and localizing took, how many keys it touches, and the largest key its
+    training rows touch (halves again; the same key without validation rows)."""
     s = ctx.state
     top = int(s["keys"][-1]) if s["keys"].size else -1
-    out = np.zeros((cmd["num_workers"], 6))
+    train_top = s.get("train_top", top)
+    out = np.zeros((cmd["num_workers"], DIMS_COLUMNS))
     out[ctx.part] = [
         s["num_features"],
         top >> 31,
         top & ((1 << 31) - 1),
         *s["setup_s"],
         s["keys"].size,
+        train_top >> 31,
+        train_top & ((1 << 31) - 1),
     ]
     ctx.contribute(round_, out.ravel())
 
@@ -180,30 +204,34 @@ def _keys(ctx: WorkerContext, round_: int, cmd: dict) -> None:
 
 
 def compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object]:
-    """(sorted compact ids of this partition's keys, the batch re-indexed to match).
+    """(sorted compact ids of this partition's keys, the batch re-indexed to match); the
+    validation rows, if any, re-indexed alike as ``ctx.state["cvlocal"]``.
 
     Without a keyset the ids are the keys themselves (small vector input)."""
     s = ctx.state
     if keyset is None:
-        s["ids"] = s["keys"]
+        s["ids"], s["cvlocal"] = s["keys"], s.get("vlocal")
         return s["keys"], s["local"]
     if s.get("keyset") != keyset:
         ids = ctx.tensor(keyset).pull(s["keys"]).astype(np.int64)
         s["ids"], s["keyset"] = ids, keyset  # compact id of each local key (local order)
         if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):  # ids in key order already
-            s["cids"], s["clocal"] = ids, s["local"]
+            s["cids"], s["clocal"], s["cvlocal"] = ids, s["local"], s.get("vlocal")
             return ids, s["local"]
         order = np.argsort(ids, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
-        local = s["local"]
-        s["ids"] = ids  # compact id of each local key (local order = key order)
         s["cids"] = ids[order]
-        s["clocal"] = type(local)(
-            local.indptr, rank[local.indices], local.values, order.size, local.labels, local.weights
-        )
-        s["keyset"] = keyset
+        s["clocal"] = _reindexed(s["local"], rank)
+        s["cvlocal"] = None if s.get("vlocal") is None else _reindexed(s["vlocal"], rank)
     return s["cids"], s["clocal"]
+
+
+def _reindexed(local, rank: np.ndarray):
+    """A localized CSR batch whose local key ``i`` becomes ``rank[i]``."""
+    return type(local)(
+        local.indptr, rank[local.indices], local.values, rank.size, local.labels, local.weights
+    )
 
 
 def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
@@ -248,7 +276,20 @@ def _grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     if fit_intercept:
         keys, grad = np.append(keys, dim - 1), np.append(grad, grad_b)
     g.aggregate(keys, grad, round=round_, part=ctx.part, unique=True)
-    ctx.contribute(round_, [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2])
+    out = [loss, wsum, grad_b, t1 - t0, t2 - t1, time.perf_counter() - t2]
+    if cmd.get("validation"):  # the validation rows' score histograms at the same x
+        out = np.concatenate([out, _validation_histograms(ctx.state, coef, cmd)])
+    ctx.contribute(round_, out)
+
+
+def _validation_histograms(s: dict, coef: np.ndarray, cmd: dict) -> np.ndarray:
+    """[2 * NUM_BINS]: the validation rows' weighted P(y=1) histograms (positives, then
+    negatives; see `score_histograms`) at the pulled coefficients `coef`, their margins in
+    the training margins' standardized space; zeros on a partition without such rows."""
+    val = s["cvlocal"]
+    margin = margins(val, coef, cmd["offset"], s["inv_std"], cmd["fit_intercept"])
+    w = np.ones(val.n_rows) if val.weights is None else val.weights
+    return score_histograms(margin, val.labels, w)
 
 
 def _softmax_grad(ctx: WorkerContext, round_: int, cmd: dict) -> None:

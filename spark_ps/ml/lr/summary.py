@@ -65,7 +65,22 @@ class LogisticRegressionTrainingSummary(
 class BinaryLogisticRegressionTrainingSummary(
     _TrainingTrace, BinaryLogisticRegressionSummary, _mllib.BinaryLogisticRegressionTrainingSummary
 ):
-    """Binary LR training results: MLlib's metrics plus our optimizer trace."""
+    """Binary LR training results: MLlib's metrics plus our optimizer trace. Its dataset is
+    the training rows (without those ``validationIndicatorCol`` holds out)."""
+
+    @property
+    def validationAucHistory(self) -> list[float]:
+        """Area under ROC of the validation rows (``validationIndicatorCol`` true) after each
+        iteration, one value per iteration (aligned with ``objectiveHistory[1:]``; NaN when
+        the validation rows hold one label only); empty without ``validationIndicatorCol``
+        (spark-ps only).
+
+        Computed by the workers from score histograms of P(y=1) in 1000 equal bins on
+        [0, 1] (``spark_ps.ml.binned_metrics``): rows of different labels in one bin count
+        as ties (counted half), so it differs from the exact AUC by at most half the share
+        of positive/negative pairs that fall in a common bin.
+        """
+        return list(getattr(self, "_validation_auc", []))
 
 
 def make_summary(
