@@ -41,7 +41,7 @@ def _time(journaled: bool, calls: int) -> tuple[float, float]:
         if journaled:
             svc._start_journal()
         svc.server.start()
-        c = PSClient(svc.address, _TOKEN, retry_seconds=5)
+        c = PSClient(svc.address, _TOKEN, retry_seconds=120)  # its shards start meanwhile
         try:
             v = np.arange(8.0)
             for i in range(-200, calls):  # the first 200: warm-up

@@ -58,6 +58,7 @@ def _frame(spark, rows: int | None):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.linear", description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=None, help="first N flights with arr_delay")
+    p.add_argument("--max-iter", type=int, default=None, help="cap every fit's maxIter")
     args = p.parse_args(argv)
     from pyspark.ml import classification as mc
     from pyspark.ml import regression as mr
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     df.count()
     out = []
     for name, kind, params in CONFIGS:
+        if args.max_iter is not None:
+            params = {**params, "maxIter": min(params["maxIter"], args.max_iter)}
         if kind == "reg":
             impls = (mr.LinearRegression(solver="l-bfgs", **params), LinearRegression(**params))
         else:

@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rate", default="", help="tc cap of every host's link, e.g. 1gbit")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of pushes before")
     args = p.parse_args(argv)
+    if args.shards < 2:  # 2 partitions over 3 hosts: the joining host's fair share is none
+        p.error("--shards must be at least 2, so that a joining third host takes partitions")
     why = unavailable()
     if why:
         raise SystemExit(f"bench.scale: {why}")
