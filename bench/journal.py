@@ -15,6 +15,7 @@ launches, registrations and the shard map are). Prints one markdown row per repe
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -23,10 +24,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import grpc
 import numpy as np
 
 from ps_server.coordinator.host_service import HostService
-from spark_ps.client import PSClient
+from ps_server.proto import ps_pb2 as pb
+from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.wire import TOKEN_KEY, to_array
 from spark_ps.client.spec import TensorSpec
 
 __all__ = ["main"]
@@ -41,21 +45,27 @@ def _time(journaled: bool, calls: int) -> tuple[float, float]:
         if journaled:
             svc._start_journal()
         svc.server.start()
-        c = PSClient(svc.address, _TOKEN, retry_seconds=120)  # its shards start meanwhile
+        # the coordinator's own stub: a PSClient would wait for the shard map, which a
+        # coordinator across hosts serves only once hosts have joined
+        channel = grpc.insecure_channel(svc.address)
+        stub, md = pb_grpc.CoordinatorStub(channel), ((TOKEN_KEY, _TOKEN),)
         try:
-            v = np.arange(8.0)
+            v = to_array(np.arange(8.0))
             for i in range(-200, calls):  # the first 200: warm-up
                 if i == 0:
                     t = time.perf_counter()
-                c.post("bench/cmd", i, {"op": "grad", "iteration": i})
-                c.contribute("bench/out", i, 0, v)
+                payload = json.dumps({"op": "grad", "iteration": i})
+                stub.Post(pb.PostRequest(topic="bench/cmd", round=i, payload=payload), metadata=md)
+                contribution = pb.ContributeRequest(topic="bench/out", round=i, part=0, values=v)
+                stub.Contribute(contribution, metadata=md)
             per_call = (time.perf_counter() - t) / (2 * calls)
             t = time.perf_counter()
             for i in range(50):
-                c._coord("RegisterModel", TensorSpec(f"m{i}", "dense", 10, 1, 2).global_spec())
+                spec = TensorSpec(f"m{i}", "dense", 10, 1, 2).global_spec()
+                stub.RegisterModel(spec, metadata=md)
             per_model = (time.perf_counter() - t) / 50
         finally:
-            c.close()
+            channel.close()
             svc.server.stop()
             if svc.journal is not None:
                 svc.journal.close()
