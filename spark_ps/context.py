@@ -48,7 +48,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.uiPort``        the embedded coordinator serves its status page (HTML, and
                            ``/status.json``, Prometheus ``/metrics``) on this port of
                            its address (0: any free port; default: none); the URL is
-                           logged and kept in ``PSContext.ui_url``
+                           logged and kept in ``PSContext.ui_url`` (also the URL of an
+                           external service's page, ``spark-ps-server --ui-port``)
 ``spark.ps.progress``      ``false`` hides a fit's progress bar, ``true`` shows it even when
                            stderr is not a terminal (default ``auto``: in a terminal or a
                            notebook); read from the session's conf at each fit
@@ -297,8 +298,9 @@ class PSContext:
         self._requests: dict[str, list] = {}  # uri -> [event, version once written]
         self._scratch: str | None = None  # recovery_dir's temp dir, removed by stop()
         self._stopped = False
-        #: The status page's URL (``spark.ps.uiPort``; None: not served by this embedded PS)
-        self.ui_url: str | None = None
+        #: The status page's URL (``spark.ps.uiPort`` or the service's ``--ui-port``; None:
+        #: the PS serves none), as the coordinator names it in its shard map
+        self.ui_url: str | None = self.client.ui_url or None
 
     @property
     def embedded(self) -> bool:

@@ -176,6 +176,32 @@ def test_killed_shard_shows_as_a_restart(service):
 
 
 @pytest.mark.slow
+def test_an_external_service_s_page_is_named_in_the_shard_map_and_the_job(service):
+    """A context on an external service (`--ui-port`) knows its page from the shard map, and
+    a fit's Spark job description links to it (without the token)."""
+    from spark_ps import PSContext
+    from spark_ps.ml._job import job_description
+
+    ctx = PSContext(service["address"], TOKEN)
+    try:
+        assert ctx.ui_url == service["ui"] and not ctx.embedded
+        text = job_description("LogisticRegression(maxIter=3)", ctx)
+        assert text.endswith(f"PS status page {service['ui']}") and TOKEN not in text
+        assert _get(ctx.ui_url, TOKEN)[0] == 200
+    finally:
+        ctx.stop()
+        ctx.client.close()
+
+
+def test_a_page_on_every_interface_is_named_with_the_host_the_client_dialled():
+    from spark_ps.client.client import _dialled
+
+    assert _dialled("http://0.0.0.0:4041/", "10.1.2.3:7077") == "http://10.1.2.3:4041/"
+    assert _dialled("http://[::]:4041/", "[fd00::5]:7077") == "http://[fd00::5]:4041/"
+    assert _dialled("http://10.9.9.9:4041/", "10.1.2.3:7077") == "http://10.9.9.9:4041/"
+    assert _dialled("", "10.1.2.3:7077") == ""
+
+
 def test_page_draws_a_fits_loss_curve(spark):
     """An embedded PS with spark.ps.uiPort=0; an LR fit; its objective history on the page."""
     from pyspark.ml.linalg import Vectors
@@ -285,6 +311,11 @@ def test_across_hosts_the_page_lists_the_hosts():
         assert m[("spark_ps_partitions_serving", ())] == 2
         html = _get(ui, TOKEN)[1].decode()
         assert "<table id='hosts'>" in html and "loop-host" in html
+        client = PSClient(address, TOKEN)
+        try:
+            assert client.ui_url == ui  # the page, named in the shard map
+        finally:
+            client.close()
     finally:
         coord.send_signal(signal.SIGTERM)
         for p in (coord, host):

@@ -381,6 +381,7 @@ class Service:
         from ps_server.coordinator.ui import StatusPage
 
         self.ui = StatusPage(self, self.host, port)
+        self.coordinator.ui_url = self.ui.url  # in the shard map: clients link to it
         log.info("spark-ps status page: %s (also /status.json, /metrics)", self.ui.url)
         print(f"{UI_PREFIX}{self.ui.url}", flush=True)
         return self.ui.url

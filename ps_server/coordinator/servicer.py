@@ -75,6 +75,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self.cond = threading.RLock()
         self.waiters = Waiters()
         self.max_request_bytes = max_request_bytes
+        self.ui_url = ""  # the status page's URL, once served (Service.start_ui)
         self.addresses = [""] * num_shards  # the primaries (or solo shards) clients use
         self.pids = [0] * num_shards  # process ids of the primaries
         self.backups = [""] * num_shards  # seeded backups, promoted if their primary dies
@@ -192,6 +193,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             backups=self.backups,
             restarts=self.restarts,
             max_request_bytes=self.max_request_bytes,
+            ui_url=self.ui_url,
         )
         if self.hosts is not None:
             self.hosts.annotate(smap)

@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+import urllib.parse
 import uuid
 
 import grpc
@@ -121,6 +122,16 @@ class _DirectCall:
         return self._fallback().result()
 
 
+def _dialled(url: str, address: str) -> str:
+    """`url` with a wildcard host (a page listening on every interface) replaced by the host
+    of `address`, the coordinator this client reached."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname not in ("0.0.0.0", "::"):
+        return url
+    host = address.rsplit(":", 1)[0]
+    return parts._replace(netloc=f"{host}:{parts.port}").geturl()
+
+
 class PSClient:
     """A connection set to one PS service (coordinator + shards)."""
 
@@ -168,6 +179,7 @@ class PSClient:
         self.addresses = list(smap.addresses)
         self.backups = list(smap.backups)  # "" per shard without a (seeded) backup
         self.lost = list(smap.lost)  # across hosts: why a partition is lost ("" = it is not)
+        self.ui_url = _dialled(smap.ui_url, self.address)  # the status page ("" = none)
         self._retire({*self.addresses, *self.backups, self.address})
         limit = smap.max_request_bytes
         if limit and limit != self.max_request_bytes:
