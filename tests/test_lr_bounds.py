@@ -116,6 +116,26 @@ def test_same_optimum_as_mllib(wide, params):
     assert a[5] == 0.0  # the constant feature
 
 
+def test_one_label_trains_when_the_intercept_is_bounded(wide):
+    """All labels 1: MLlib returns coefficients 0 and an infinite intercept without training,
+    except when a bounded fit's start (clipped into the box) is finite: then it trains, with
+    the intercept held by its bound. Ours follows both branches."""
+    from pyspark.sql import functions as F
+
+    ones = wide.withColumn("label", F.lit(1.0))
+    ours, theirs = _both(ones, regParam=0.05, upperBoundsOnIntercepts=Vectors.dense([1.5]))
+    assert ours.intercept == theirs.intercept == 1.5  # on its bound, not +inf
+    assert ours.summary.totalIterations > 0
+    _same_optimum(ours, theirs)
+    # a coefficient bound leaves the intercept free: MLlib's start is +inf, nothing to train
+    ours, theirs = _both(
+        ones, regParam=0.05, upperBoundsOnCoefficients=Matrices.dense(1, 6, [1.0] * 6)
+    )
+    assert ours.intercept == theirs.intercept == np.inf
+    assert not ours.coefficients.toArray().any() and not theirs.coefficients.toArray().any()
+    assert ours.summary.objectiveHistory == theirs.summary.objectiveHistory == [0.0]
+
+
 def test_bad_bounds_are_refused_by_name(tiny):
     with pytest.raises(
         ValueError, match=r"lowerBoundsOnCoefficients.*\(1, number of features\).*\(1, 3\)"

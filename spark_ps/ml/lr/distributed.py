@@ -330,19 +330,24 @@ def _set_up(
     fit.validation = prepared.validation_col is not None
     mean, std, label_weight = fit.stats()
     phases.mark("statistics")
-    if fit_intercept and np.count_nonzero(label_weight) == 1:
-        log.warning(
-            "all labels are %s and fitIntercept=true: coefficients are 0", int(label_weight[1] > 0)
-        )
-        b = math.inf if label_weight[1] > 0 else -math.inf
-        built["result"] = _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
-        return
-    mask = fit.coef_mask()
     box = built["box"] = None
     if any(params.get(name) is not None for name in BOUND_PARAMS):
         keys, ids = ks.touched()
         stds = std.pull(np.arange(ks.size))
         box = built["box"] = box_of(params, ks.num_features, keys, ids, stds, fit_intercept)
+    start = None  # the start intercept when one label only meets a finite intercept bound
+    if fit_intercept and np.count_nonzero(label_weight) == 1:
+        b = math.inf if label_weight[1] > 0 else -math.inf
+        if box is not None:  # MLlib trains from its start clipped into the box
+            start = float(np.clip(b, box.lower[-1], box.upper[-1]))
+        if start is None or math.isinf(start):  # zero loss and gradient there: nothing to do
+            log.warning(
+                "all labels are %s and fitIntercept=true: coefficients are 0",
+                int(label_weight[1] > 0),
+            )
+            built["result"] = _result(ks, np.zeros(0, np.int64), np.zeros(0), b, [0.0], 0)
+            return
+    mask = fit.coef_mask()
     built["vecs"] = build_lr_vectors(
         space,
         mean,
@@ -355,7 +360,7 @@ def _set_up(
         center=box is None or box.center,
     )
     x = built["x"] = space.new("x")
-    initial_point(space, x, mask, label_weight, fit_intercept)
+    initial_point(space, x, mask, label_weight, fit_intercept, intercept=start)
     phases.mark("solver vectors")
 
 

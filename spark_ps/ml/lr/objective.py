@@ -593,9 +593,15 @@ def build_lr_vectors(
 
 
 def initial_point(
-    space: VecSpace, x: Any, coef_mask: Any, label_weight: np.ndarray, fit_intercept: bool
+    space: VecSpace,
+    x: Any,
+    coef_mask: Any,
+    label_weight: np.ndarray,
+    fit_intercept: bool,
+    intercept: float | None = None,
 ) -> float:
-    """Fill ``x`` with MLlib's start: zero coefficients, intercept ``log(w1 / w0)``.
+    """Fill ``x`` with MLlib's start: zero coefficients, intercept ``log(w1 / w0)`` (or
+    `intercept`: a bounded fit's start, clipped into its box).
 
     With centering the start intercept would gain ``dot(0, scaled_mean) = 0``.
     Returns the start intercept (0 without one).
@@ -604,12 +610,15 @@ def initial_point(
         space.fill(x, 0.0)
         return 0.0
     w0, w1 = float(label_weight[0]), float(label_weight[1])
-    if not (w0 > 0 and w1 > 0):
+    if intercept is not None:
+        b0 = float(intercept)
+    elif not (w0 > 0 and w1 > 0):
         raise ValueError(
             f"label weights {w0!r} (label 0) and {w1!r} (label 1): with one label only MLlib "
             "does not train (coefficients 0, intercept +-inf); check FeatureStats.constant_label"
         )
-    b0 = math.log(w1 / w0)
+    else:
+        b0 = math.log(w1 / w0)
     space.fill(x, b0)
     space.axpy(-b0, coef_mask, x)  # b0 - b0*1 == 0 exactly on coefficients
     return b0
