@@ -6,8 +6,10 @@ pushing to every partition. A third host joins: the table reports the fraction o
 partitions it took, each move's seconds and a partition's MB, the slowest push during
 the moves against the median push before, and the time from the join to the last move's
 end. A move's seconds include starting the copy's shard process (about a second of
-Python start-up on an idle machine) besides its snapshot and transfer. Then the first
-host is drained (`spark-ps-server drain`) the same way.
+Python start-up on an idle machine) besides its snapshot and transfer. Then the first two
+hosts' fuller one is drained (`spark-ps-server drain`) the same way: with few partitions
+the joining host may take all of one host's (rendezvous placement moves the partitions
+it ranks first), and draining an empty host moves nothing.
 The pushed sums are checked exactly at the end (no update lost). Run::
 
     python -m bench.scale --keys 32000000 --shards 3
@@ -94,7 +96,7 @@ def _row(event: str, st: dict, reason: str, mb: float, pusher, t0: float, t1: fl
     before = pusher.between(0.0, t0)
     during = pusher.between(t0, t1)
     n = len(st["partitions"])
-    seconds = [m["seconds"] for m in moves]
+    seconds = [m["seconds"] for m in moves] or [float("nan")]
     return {
         "event": event,
         "partitions": n,
@@ -138,8 +140,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         st = _moves(svc.address, token, reason)
         rows.append(_row("3rd host joins", st, reason, mb, pusher, t0, time.monotonic()))
 
+        held = {h["id"]: len(h["primaries"]) + len(h["backups"]) for h in st["hosts"]}
+        gone = max((hosts.address(0), hosts.address(1)), key=lambda h: held.get(h, 0))
         t0 = time.monotonic()
-        gone = hosts.address(0)
         cmd = [sys.executable, "-m", "ps_server", "drain", svc.address, gone]
         done = subprocess.run(
             cmd, capture_output=True, text=True, env=dict(os.environ, SPARK_PS_TOKEN=token)
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         from ps_server.coordinator.status import status
 
         st = status(svc.address, token)
-        rows.append(_row("1st host drained", st, f"drain {gone}", mb, pusher, t0, t1))
+        rows.append(_row("old host drained", st, f"drain {gone}", mb, pusher, t0, t1))
         time.sleep(1.0)
         pusher.stop()
         got = client.pull(spec, np.arange(args.keys))
