@@ -1,4 +1,5 @@
-"""The shards' direct lane (ps_server.shard.direct): read-only calls on a plain socket.
+"""The shards' direct lane (ps_server.shard.direct): pulls, pushes and read-only calls on a
+plain socket.
 
 Real shard processes, real sockets. The lane must answer exactly as gRPC's ``Call`` would,
 refuse what it may not serve, survive garbage, and leave no trace of a refused frame.
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from ps_server.proto import ps_pb2 as pb
-from ps_server.shard.direct import MAGIC, DirectError, DirectLink
+from ps_server.shard.direct import MAGIC, TYPED, DirectError, DirectLink
 from ps_server.wire import to_array
 from spark_ps.client import PSError, get_client
 from spark_ps.models import PSVector
@@ -156,6 +157,11 @@ def test_garbage_oversized_and_truncated_frames(client, ps):
     # a body that is not a CallRequest
     out = _raw(host, port, prefix + struct.pack("<Q", 4) + b"\xff\xff\xff\xff")
     assert out[0] == 1 and b"malformed CallRequest" in out
+    # a pull/push frame with an unknown rpc code, or cut inside its header
+    typed = TYPED + struct.pack("<I", len(token)) + token
+    for body in (struct.pack("<BH", 9, 0), b"\x01"):
+        out = _raw(host, port, typed + struct.pack("<Q", len(body)) + body)
+        assert out[0] == 1 and b"INVALID_ARGUMENT\nmalformed pull or push frame" in out, out
     # a truncated frame: dropped without an answer, and it joined nothing
     topic = f"lane-{uuid.uuid4().hex[:8]}"
     body = _request("rendezvous.gather", _gather(topic, 0, 0, 2), [np.ones(2)]).SerializeToString()

@@ -137,23 +137,29 @@ def test_embedding_budget_refuses_a_pull_that_would_create_rows(small):
     np.testing.assert_array_equal(values, first)
 
 
-def test_a_client_that_ignores_the_limit_gets_a_clear_refusal(small):
+@pytest.mark.parametrize("lane", ["direct", "grpc"])
+def test_a_client_that_ignores_the_limit_gets_a_clear_refusal(small, lane, monkeypatch):
     """A client that does not know the servers' limit (an older one): each too-big chunk
-    is refused by the shard, naming the limit; gRPC's own cut-off gets the same hint.
-    (A call is atomic per request, not across chunks: here every chunk is too big.)"""
+    is refused by the shard, naming the limit, on the direct lane and on gRPC; gRPC's own
+    cut-off gets the same hint. (A call is atomic per request, not across chunks: here
+    every chunk is too big.)"""
     from spark_ps.client import PSClient
 
-    w = PSVector.dense(400_000, name="limit-old-client", context=small)
+    if lane == "grpc":
+        monkeypatch.setenv("SPARK_PS_DIRECT", "0")
+    w = PSVector.sparse(2**40, name=f"limit-old-client-{lane}", context=small)
     client = PSClient(small.address, small.token, max_message_bytes=3 * MB // 2)
     client.max_request_bytes = 0  # as if the shard map did not say
-    keys = np.arange(4 * 98_304)  # 4 chunks of 1.5 MB: each over the limit
+    keys = np.arange(4 * 98_304)  # 4 chunks of 1.5 MB
     with pytest.raises(PSError, match="exceeds the limit of 1048576 bytes") as e:
         client.push(w.spec, keys, np.ones(keys.size), "add")
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-request-mb" in str(e.value)
     client.max_message_bytes = 4 * MB  # chunks beyond twice the limit
-    with pytest.raises(PSError, match=r"larger than max .*--max-request-mb") as e:
+    cut_off = r"larger than max .*--max-request-mb" if lane == "grpc" else "exceeds the limit"
+    with pytest.raises(PSError, match=cut_off) as e:
         client.push(w.spec, keys, np.ones(keys.size), "add")
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     client.close()
-    np.testing.assert_array_equal(w.pull(), np.zeros(400_000))
+    assert w.pull()[0].size == 0  # no row was created
     w.drop()

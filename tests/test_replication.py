@@ -127,6 +127,40 @@ def test_a_retried_request_id_is_applied_once_on_both_replicas(service):
     _assert_identical(c)
 
 
+def test_a_push_on_the_direct_lane_is_replicated_and_its_retry_applied_once(service):
+    """A push sent on a primary's direct lane runs the same replicated handler: the backup
+    applies it before it is acknowledged, and a resend with the same request id (on the
+    lane, or on gRPC after a broken lane) gets the first answer without applying it."""
+    from ps_server.shard.direct import DirectLink
+
+    _, c = service
+    spec = _spec("r-lane", "sparse", 2**40)
+    c.create(spec)
+    c.refresh()
+    keys = np.array([11, 2**39 + 5])
+    for shard in range(2):
+        owned = keys[spec.shard_of(keys) == shard]
+        port = c.health()[shard].direct_port
+        assert port > 0
+        link = DirectLink(c.addresses[shard].rsplit(":", 1)[0], port, TOKEN, timeout=30)
+        req = pb.PushRequest(model=spec.name, keys=to_array(owned), values=to_array(np.ones(1)))
+        for _ in range(2):
+            link.send(req, "Push", f"lane-retry-{shard}")
+            assert link.receive(pb.Ack).value == owned.size
+        link.close()
+        again = _raw_push(c, shard, spec, owned, np.ones(owned.size), f"lane-retry-{shard}")
+        assert again.value == owned.size
+    np.testing.assert_array_equal(c.pull(spec, keys), np.ones(2))  # once, not 3 times
+    dense = _spec("r-lane-dense", dim=1001)
+    c.create(dense)
+    c.push(dense, np.arange(1001), np.arange(1001.0))  # a range push, on the lanes
+    c.push(dense, np.array([3, 900, 3]), np.ones(3))
+    expected = np.arange(1001.0)
+    expected[[3, 900]] += [2.0, 1.0]
+    np.testing.assert_array_equal(c.pull(dense, np.arange(1001)), expected)
+    _assert_identical(c)
+
+
 def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
     svc, c = service
     lost = svc.coordinator.counters.get("backup_lost", 0)

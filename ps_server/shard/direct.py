@@ -1,21 +1,28 @@
-"""The direct lane: read-only server-function calls on a plain TCP socket, beside gRPC.
+"""The direct lane: pulls, pushes and read-only server-function calls on a plain TCP socket,
+beside gRPC.
 
 Why: a GBT fit makes one blocking rendezvous call per worker and tree layer (600 for 100
 depth-6 trees), and on this project's 2-core VM a gRPC Python round trip costs 1.0 ms for
 8 bytes and 2.7 ms for a 400 KB echo, against 0.03 ms and 0.25 ms on a socket (measured
-side by side). The layer's work on the shard is ~0.5 ms, so gRPC was most of the wait.
+side by side). The layer's work on the shard is ~0.5 ms, so gRPC was most of the wait. Bulk
+pulls and pushes pay gRPC's copies per byte: a 16 MB push spent ~20 ms in gRPC's transport
+against ~3 ms on the socket (``python -m bench.ps``).
 
-What travels is the same ``CallRequest``/``CallResponse`` protobuf as the gRPC ``Call``,
-framed::
+What travels is the same protobuf request and answer as on gRPC, framed::
 
-    request   b"PSD1", u32 token length, token, u64 length, CallRequest
-    response  u8 status (0 answer, 1 error), u64 length, CallResponse | b"CODE\\nmessage"
+    Call      b"PSD1", u32 token length, token, u64 length, CallRequest
+    Pull/Push b"PSD2", u32 token length, token, u64 length,
+              u8 rpc (1 Pull, 2 Push), u16 request-id length, request id, the request
+    answer    u8 status (0 answer, 1 error), u64 length, the answer | b"CODE\\nmessage"
 
-The shard answers exactly as its gRPC ``Call`` would (same code path, same errors), but only
-for calls that change no model state (functions a module lists in ``READ_ONLY``, no models):
-those need no replication and no request ids, and a resent call is harmless. Anything else
-is refused. A frame with a bad token, over the request limit or not parseable gets an error
-and the connection is closed; a truncated one is dropped. Either way nothing was applied.
+The shard answers exactly as on gRPC: a pull or push runs the servicer's own handler, so it
+is replicated to the backup before it is acknowledged and remembered under its request id
+(a retry, on the lane or on gRPC, gets the first answer: ``ps_server.shard.replica``). A
+``Call`` is served only for functions that change no model state (those a module lists in
+``READ_ONLY``, no models): those need no replication and no request ids, so a resent call
+is harmless; any other is refused. A frame with a bad token, over the request limit or not
+parseable gets an error and the connection is closed; a truncated one is dropped. Either
+way nothing was applied.
 
 A connection must authenticate with its first frame within ``SPARK_PS_HANDSHAKE_TIMEOUT``
 seconds (default 10), and at most ``MAX_PENDING`` connections may be waiting to do so; more
@@ -37,16 +44,26 @@ import struct
 import threading
 from collections.abc import Callable
 
+from google.protobuf.message import Message
+
 from ps_server import timeouts
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError, check_request_size
 
-__all__ = ["DirectServer", "DirectLink", "DirectError", "MAGIC", "enabled"]
+__all__ = ["DirectServer", "DirectLink", "DirectError", "MAGIC", "TYPED", "RPCS", "enabled"]
 
 log = logging.getLogger("ps_server")
 
-MAGIC = b"PSD1"
+MAGIC = b"PSD1"  # a Call frame
+TYPED = b"PSD2"  # a Pull or Push frame
+#: The RPCs a typed frame carries: its code -> (name, request type, answer type).
+RPCS: dict[int, tuple[str, type[Message], type[Message]]] = {
+    1: ("Pull", pb.PullRequest, pb.PullResponse),
+    2: ("Push", pb.PushRequest, pb.Ack),
+}
+_CODES = {name: code for code, (name, _, _) in RPCS.items()}
 _HEAD = struct.Struct("<4sI")  # magic, token length
+_TYPED = struct.Struct("<BH")  # rpc code, request-id length
 _LEN = struct.Struct("<Q")
 _STATUS = struct.Struct("<BQ")  # 0 answer / 1 error, payload length
 _MAX_TOKEN = 4096
@@ -86,10 +103,12 @@ class DirectError(Exception):
 
 
 class DirectServer:
-    """Serves framed ``CallRequest``s on `host`, one thread per connection.
+    """Serves framed requests on `host`, one thread per connection.
 
-    `handle(request)` returns the ``CallResponse`` or raises :class:`RequestError`; it must
-    refuse what the lane may not serve. `where` names the server in messages.
+    `handle(request)` answers a ``CallRequest`` (it must refuse what the lane may not
+    serve); `serve(rpc, request, request_id)` answers a pull or push (:data:`RPCS`; None:
+    the lane serves calls only). Both raise :class:`RequestError` to refuse. `where` names
+    the server in messages.
     """
 
     def __init__(
@@ -101,8 +120,9 @@ class DirectServer:
         where: str,
         handshake: float | None = None,
         max_pending: int = MAX_PENDING,
+        serve: Callable[[str, Message, str], Message] | None = None,
     ) -> None:
-        self._token, self._handle = token.encode(), handle
+        self._token, self._handle, self._serve_rpc = token.encode(), handle, serve
         self._limit, self._where = max_request_bytes, where
         self._handshake = handshake_timeout() if handshake is None else handshake
         self._pending = threading.BoundedSemaphore(max_pending)
@@ -146,14 +166,14 @@ class DirectServer:
             with conn:
                 conn.settimeout(self._handshake)
                 while True:
-                    n = self._authenticate(conn)
-                    if n is None:
+                    frame = self._authenticate(conn)
+                    if frame is None:
                         return
                     if pending:
                         pending = False
                         self._pending.release()
                         conn.settimeout(None)
-                    if not self._answer(conn, n):
+                    if not self._answer(conn, *frame):
                         return
         except OSError:
             pass  # the client went away mid-frame, or stalled past the handshake: nothing applied
@@ -161,14 +181,15 @@ class DirectServer:
             if pending:
                 self._pending.release()
 
-    def _authenticate(self, conn: socket.socket) -> int | None:
-        """A frame's header and token: its body length, or None when the connection must
-        close (closed by the peer, or refused: not a frame, or a bad token)."""
+    def _authenticate(self, conn: socket.socket) -> tuple[bool, int] | None:
+        """A frame's header and token: (typed, its body length), or None when the connection
+        must close (closed by the peer, or refused: not a frame, or a bad token)."""
         head = _read_exactly(conn, _HEAD.size)
         if head is None:
             return None
         magic, token_len = _HEAD.unpack(head)
-        if magic != MAGIC or token_len > _MAX_TOKEN:
+        typed = magic == TYPED and self._serve_rpc is not None
+        if (magic != MAGIC and not typed) or token_len > _MAX_TOKEN:
             return self._refuse(conn, "INVALID_ARGUMENT", "not a direct-lane frame")
         token = _read_exactly(conn, token_len)
         size = _read_exactly(conn, _LEN.size) if token is not None else None
@@ -176,12 +197,12 @@ class DirectServer:
             return None
         if self._token and not hmac.compare_digest(bytes(token), self._token):
             return self._refuse(conn, "UNAUTHENTICATED", "bad auth token on the direct lane")
-        return _LEN.unpack(size)[0]
+        return typed, _LEN.unpack(size)[0]
 
-    def _answer(self, conn: socket.socket, n: int) -> bool:
+    def _answer(self, conn: socket.socket, typed: bool, n: int) -> bool:
         """Read an authenticated frame's `n`-byte body and answer it; False: close."""
         try:
-            check_request_size(n, self._limit, f"{self._where}: direct Call")
+            check_request_size(n, self._limit, f"{self._where}: direct request")
         except RequestError as e:
             self._refuse(conn, e.code, str(e))
             return False
@@ -189,20 +210,27 @@ class DirectServer:
         if body is None:
             return False  # truncated: dropped before anything was parsed
         try:
-            request = pb.CallRequest.FromString(body)  # parses the bytearray: no copy
+            if typed:
+                rpc, request, rid = _parse(body)
+            else:  # parses the bytearray: no copy
+                rpc, request, rid = "Call", pb.CallRequest.FromString(body), ""
         except Exception as e:  # noqa: BLE001 - any parse failure is the client's
-            self._refuse(conn, "INVALID_ARGUMENT", f"malformed CallRequest: {e}")
+            what = "pull or push frame" if typed else "CallRequest"
+            self._refuse(conn, "INVALID_ARGUMENT", f"malformed {what}: {e}")
             return False
         try:
-            answer = self._handle(request).SerializeToString()
+            if typed:
+                answer = self._serve_rpc(rpc, request, rid).SerializeToString()
+            else:
+                answer = self._handle(request).SerializeToString()
         except RequestError as e:
             return self._error(conn, e.code, str(e))
         except MemoryError:
             return self._error(conn, "RESOURCE_EXHAUSTED", f"{self._where}: out of memory")
         except Exception as e:  # noqa: BLE001 - a server survives every request
-            log.exception("%s: direct Call %s failed", self._where, request.function)
+            log.exception("%s: direct %s failed", self._where, rpc)
             return self._error(conn, "INTERNAL", f"{self._where}: {type(e).__name__}: {e}")
-        conn.sendall(_STATUS.pack(0, len(answer)) + answer)
+        _send(conn, _STATUS.pack(0, len(answer)), answer)
         return True
 
     def _error(self, conn: socket.socket, code: str, message: str) -> bool:
@@ -226,6 +254,31 @@ class DirectServer:
         return None
 
 
+def _send(sock: socket.socket, head: bytes, body: bytes) -> None:
+    """Send `head` then `body` gathered: the body is not copied (a 16 MB answer, say)."""
+    sent = sock.sendmsg([head, body])
+    if sent < len(head):
+        sock.sendall(head[sent:])
+        sent = len(head)
+    if sent < len(head) + len(body):
+        sock.sendall(memoryview(body)[sent - len(head) :])
+
+
+def _parse(body: bytearray) -> tuple[str, Message, str]:
+    """A typed frame's body: (rpc, request, request id); ValueError when it is not one."""
+    if len(body) < _TYPED.size:
+        raise ValueError("shorter than its header")
+    code, rid_len = _TYPED.unpack_from(body)
+    if code not in RPCS:
+        raise ValueError(f"unknown rpc code {code}")
+    start = _TYPED.size + rid_len
+    if len(body) < start:
+        raise ValueError("shorter than its request id")
+    rpc, request_type, _ = RPCS[code]
+    rid = bytes(body[_TYPED.size : start]).decode()
+    return rpc, request_type.FromString(memoryview(body)[start:]), rid
+
+
 class DirectLink:
     """A client's connection to one shard's lane; not thread-safe (one per thread)."""
 
@@ -233,19 +286,24 @@ class DirectLink:
         self._sock = socket.create_connection((host, port), timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         token_bytes = token.encode()
-        self._prefix = _HEAD.pack(MAGIC, len(token_bytes)) + token_bytes
+        self._call = _HEAD.pack(MAGIC, len(token_bytes)) + token_bytes
+        self._typed = _HEAD.pack(TYPED, len(token_bytes)) + token_bytes
 
-    def send(self, request: pb.CallRequest) -> None:
-        """Send a request (raises OSError if the connection is broken)."""
+    def send(self, request: Message, rpc: str = "Call", request_id: str = "") -> None:
+        """Send a ``Call``, ``Pull`` or ``Push`` request (raises OSError if the connection
+        is broken); a pull or push carries its `request_id` as on gRPC."""
         body = request.SerializeToString()
-        head = self._prefix + _LEN.pack(len(body))
-        sent = self._sock.sendmsg([head, body])  # gathered: the body is not copied
-        if sent < len(head) + len(body):
-            self._sock.sendall(memoryview(head + body)[sent:])  # (rare) the rest
+        if rpc == "Call":
+            head = self._call + _LEN.pack(len(body))
+        else:
+            rid = request_id.encode()
+            head = _TYPED.pack(_CODES[rpc], len(rid)) + rid
+            head = self._typed + _LEN.pack(len(head) + len(body)) + head
+        _send(self._sock, head, body)
 
-    def receive(self) -> pb.CallResponse:
-        """The answer to the last request sent; :class:`DirectError` for an error answer
-        (code set) or a connection that broke (code None)."""
+    def receive(self, answer: type[Message] = pb.CallResponse) -> Message:
+        """The answer (of type `answer`) to the last request sent; :class:`DirectError` for
+        an error answer (code set) or a connection that broke (code None)."""
         try:
             head = _read_exactly(self._sock, _STATUS.size)
             status, n = _STATUS.unpack(head) if head is not None else (None, 0)
@@ -255,7 +313,7 @@ class DirectLink:
         if body is None:
             raise DirectError(None, "direct lane: the shard closed the connection")
         if status == 0:
-            return pb.CallResponse.FromString(body)
+            return answer.FromString(body)
         code, _, message = bytes(body).decode(errors="replace").partition("\n")
         raise DirectError(code, message)
 

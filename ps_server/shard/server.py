@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -22,11 +23,11 @@ from ps_server import checkpoint, lifecycle, timeouts, tls
 from ps_server.auth import TokenInterceptor, is_loopback
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
-from ps_server.requests import RequestStatsInterceptor
+from ps_server.requests import STATS, RequestStatsInterceptor
 from ps_server.shard import snapshot
 from ps_server.shard.cut import Cut
 from ps_server.shard.direct import DirectServer
-from ps_server.shard.replica import MUTATIONS, Replica, digest, request_id
+from ps_server.shard.replica import MUTATIONS, REQUEST_ID_KEY, Replica, digest, request_id
 from ps_server.shard.tensors import ShardMemory, Tensor
 from ps_server.wire import (
     DEFAULT_MAX_REQUEST_MB,
@@ -110,6 +111,22 @@ def _call_writes(self, request) -> bool:
         return True  # let the call itself report the bad name
 
 
+class _LaneContext:
+    """What a handler reads of its gRPC context, for a request from the direct lane."""
+
+    def __init__(self, request_id: str) -> None:
+        self._metadata = ((REQUEST_ID_KEY, request_id),) if request_id else ()
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    def time_remaining(self) -> None:
+        return None  # the lane carries no deadline: the client waits on its socket
+
+    def abort(self, code: grpc.StatusCode, details: str):
+        raise RequestError(code.name, details)
+
+
 class ShardServicer(pb_grpc.ShardServicer):
     """Serves pull/push/reduce/vector ops for the model slices this shard owns."""
 
@@ -185,6 +202,8 @@ class ShardServicer(pb_grpc.ShardServicer):
         t = self.tensor(request.model)
         if request.by_range:
             keys, values = t.pull_range(request.start, request.stop, request.slot)
+            if keys is None:  # dense: the keys are the range asked for
+                return pb.PullResponse(values=to_array(values))
             return pb.PullResponse(values=to_array(values), keys=to_array(keys))
         what = f"Pull from {t.where} on shard {self.index}"
         keys = t.check_keys(from_array(request.keys, what), what)
@@ -195,6 +214,11 @@ class ShardServicer(pb_grpc.ShardServicer):
     def Push(self, request, context):
         t = self.tensor(request.model)
         what = f"Push to {t.where} on shard {self.index}"
+        if request.by_range:
+            if request.aggregate:
+                raise RequestError("INVALID_ARGUMENT", f"{what}: a contribution needs keys")
+            values = from_array(request.values, f"values of {what}")
+            return pb.Ack(value=t.push_range(request.start, values, request.op, what))
         keys, values = t.check_push(
             from_array(request.keys, f"keys of {what}"),
             from_array(request.values, f"values of {what}"),
@@ -236,6 +260,17 @@ class ShardServicer(pb_grpc.ShardServicer):
                 f"models; call {request.function!r} through gRPC",
             )
         return self._call(request)
+
+    def direct_rpc(self, rpc: str, request, request_id: str):
+        """A ``Pull`` or ``Push`` from the direct lane: the gRPC handler itself runs it (the
+        same checks, replication and remembered answers under `request_id`)."""
+        t, ok = time.perf_counter(), False
+        try:
+            answer = getattr(self, rpc)(request, _LaneContext(request_id))
+            ok = True
+            return answer
+        finally:
+            STATS.record(rpc, time.perf_counter() - t, ok, request.model)
 
     def _call(self, request: pb.CallRequest) -> pb.CallResponse:
         fn = _server_function(request.function)
@@ -421,7 +456,12 @@ def serve_shard(
         raise OSError(f"shard {index}: cannot bind {host}:{port}")
     if not tls.configured():  # the lane is plaintext: with TLS, clients stay on gRPC
         servicer.direct = DirectServer(
-            host, token, servicer.direct_call, max_request_bytes, f"shard {index}"
+            host,
+            token,
+            servicer.direct_call,
+            max_request_bytes,
+            f"shard {index}",
+            serve=servicer.direct_rpc,
         )
     server.start()
     return server, bound, servicer

@@ -208,19 +208,38 @@ class Tensor:
         """
         keys = self.check_keys(keys, what)
         values = self.check_values(values, keys.size, what)
+        finite = self._finite_rows(values, what)
+        return (keys, values) if finite is None else (keys[finite], values[finite])
+
+    def _finite_rows(self, values: np.ndarray, what: str) -> np.ndarray | None:
+        """None when every row is finite (or values are integers); else, under "skip", the
+        mask of the finite rows; under "refuse", RequestError naming the first bad value."""
         if values.dtype.kind != "f":
-            return keys, values
+            return None
         finite = np.isfinite(values).all(axis=1)
         if finite.all():
-            return keys, values
+            return None
         if self.spec.nan_policy == "skip":
-            return keys[finite], values[finite]
+            return finite
         i = int(np.argmax(~finite))
         raise RequestError(
             "INVALID_ARGUMENT",
             f"{what}: non-finite value {values[i][~np.isfinite(values[i])][0]} at row {i}; "
             f"{self.where} refuses NaN/inf updates (nan_policy='refuse'; 'skip' drops such rows)",
         )
+
+    def check_range(self, start: int, stop: int, what: str) -> None:
+        """Refuse a by-range request outside this dense slice (or to a sparse tensor)."""
+        if self.spec.kind != "dense":
+            raise RequestError(
+                "INVALID_ARGUMENT", f"{what}: a by-range request needs a dense tensor"
+            )
+        lo, hi = self._key_range()
+        if not (lo <= start <= stop <= hi):
+            raise RequestError(
+                "OUT_OF_RANGE",
+                f"{what} range [{start}, {stop}) outside [{lo}, {hi}) of {self.where}",
+            )
 
     # ------------------------------------------------------------ operations
     def pull(self, keys: np.ndarray, slot: str) -> np.ndarray:
@@ -229,19 +248,15 @@ class Tensor:
         with self.lock, self.growing(keys if create else keys[:0], "pull from"):
             return self.store.gather(keys, slot or "w", create=create)  # a fresh array
 
-    def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray, np.ndarray]:
-        """Dense: global keys [start, stop). Sparse: materialised rows [start, stop)."""
+    def pull_range(self, start: int, stop: int, slot: str) -> tuple[np.ndarray | None, np.ndarray]:
+        """Dense: the values of global keys [start, stop) (keys None: implied). Sparse:
+        materialised rows [start, stop) and their keys."""
         self._check_slot(slot)
         with self.lock:
             if self.spec.kind == "dense":
-                lo, hi = self._key_range()
-                if not (lo <= start <= stop <= hi):
-                    raise RequestError(
-                        "OUT_OF_RANGE",
-                        f"pull range [{start}, {stop}) outside [{lo}, {hi}) of {self.where}",
-                    )
-                keys = np.arange(start, stop, dtype=np.int64)
-                return keys, np.array(self.store.gather(keys, slot or "w"))
+                self.check_range(start, stop, "pull")
+                lo = self.spec.offset
+                return None, self.store.slot(slot or "w")[start - lo : stop - lo].copy()
             keys = self.store.all_keys()[start:stop]
             return keys, np.array(self.store.gather(keys, slot or "w"))
 
@@ -255,6 +270,28 @@ class Tensor:
     def push(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
         with self.lock, self.growing(keys, "push to"):
             return self._apply(keys, values, op)
+
+    def push_range(self, start: int, values: np.ndarray, op: int, what: str) -> int:
+        """A dense push of the rows of global keys [start, start + rows): slices, no keys."""
+        n = values.shape[0] if values.ndim else 0
+        self.check_range(start, start + n, what)
+        values = self.check_values(values, n, what)
+        finite = self._finite_rows(values, what)
+        if finite is not None or op == pb.STEP:  # rows dropped, or the optimizer's rows
+            keys = np.arange(start, start + n, dtype=np.int64)
+            if finite is not None:
+                keys, values = keys[finite], values[finite]
+            return self.push(keys, values, op)
+        lo = start - self.spec.offset
+        with self.lock:
+            w = self.store.slot("w")
+            if op == pb.ADD:
+                w[lo : lo + n] += values
+            elif op == pb.SET:
+                w[lo : lo + n] = values
+            else:
+                raise RequestError("INVALID_ARGUMENT", f"unknown push op {op}")
+        return n
 
     def _apply(self, keys: np.ndarray, values: np.ndarray, op: int) -> int:
         """Apply a checked update (the caller holds `lock` and has passed the budgets)."""

@@ -98,15 +98,18 @@ class _DirectRpcError(grpc.RpcError):
 
 
 class _DirectCall:
-    """A ``Call`` on a shard's direct lane (:mod:`ps_server.shard.direct`) behind a future's
-    ``result()``; sent at once, so calls to several shards overlap. If the lane is broken
-    the call goes through gRPC instead (it is read-only: sending it twice is harmless)."""
+    """A request on a shard's direct lane (:mod:`ps_server.shard.direct`) behind a future's
+    ``result()``; sent at once, so requests to several shards overlap. If the lane is broken
+    the request goes through gRPC instead with the same request id: a read is harmless to
+    send twice, and a replicated write is answered once (its primary remembers the id)."""
 
-    def __init__(self, client: PSClient, shard: int, link: DirectLink, request, fallback):
+    def __init__(self, client: PSClient, shard: int, link: DirectLink, request, rpc, md, fallback):
         self._client, self._shard, self._link = client, shard, link
         self._fallback, self._sent = fallback, False
+        self._answer = pb.CallResponse if rpc == "Call" else _LANE_ANSWERS[rpc]
+        rid = next((v for k, v in md if k == REQUEST_ID_KEY), "")
         try:
-            link.send(request)
+            link.send(request, rpc, rid)
             self._sent = True
         except OSError:
             client._drop_link(shard)
@@ -114,12 +117,16 @@ class _DirectCall:
     def result(self):
         if self._sent:
             try:
-                return self._link.receive()
+                return self._link.receive(self._answer)
             except DirectError as e:
                 if e.code is not None:
                     raise _DirectRpcError(e.code, str(e)) from None
                 self._client._drop_link(self._shard)
         return self._fallback().result()
+
+
+#: RPCs that always take a shard's direct lane when it has one (and their answers' types).
+_LANE_ANSWERS = {name: answer for name, _, answer in direct_lane.RPCS.values()}
 
 
 def _dialled(url: str, address: str) -> str:
@@ -289,8 +296,10 @@ class PSClient:
     ):
         """(index, future-like) per pending request. One request is a plain blocking call:
         a future costs a hand-off to gRPC's polling thread (~0.5 ms per call, measured).
-        With `direct`, requests to shards with a direct lane go there (see `_DirectCall`)."""
-        if direct and rpc == "Call" and not self.tls_ca and direct_lane.enabled():
+        Pulls, pushes and, with `direct`, calls go to shards' direct lanes where they have
+        one (see `_DirectCall`)."""
+        lane = rpc in _LANE_ANSWERS or (direct and rpc == "Call")
+        if lane and not self.tls_ca and direct_lane.enabled():
             out = []
             for i in pending:
                 shard, request = requests[i]
@@ -300,7 +309,8 @@ class PSClient:
                     out.extend(grpc_call())
                 else:
                     fallback = lambda g=grpc_call: g()[0][1]  # noqa: E731
-                    out.append((i, _DirectCall(self, shard, link, request, fallback)))
+                    call = _DirectCall(self, shard, link, request, rpc, mds[i], fallback)
+                    out.append((i, call))
             return out
         if len(pending) == 1:
             (i,) = pending
@@ -408,6 +418,13 @@ class PSClient:
         """
         keys = np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
         validate_keys(keys, spec.dim, f"pull from {spec.name!r}")
+        span = _span(spec, keys)
+        if span is not None:  # dense keys that fill most of their range: pull the range
+            lo, n = span
+            out = self._pull_range(spec, lo, lo + n, slot)
+            if n != keys.size or not is_strictly_increasing(keys):  # not the range itself
+                out = out[keys - lo]
+            return out[:, 0] if spec.cols == 1 else out
         order = inverse = None
         if unique or is_strictly_increasing(keys):
             order, offsets = spec.group(keys)
@@ -429,55 +446,45 @@ class PSClient:
             out = back
         return out[:, 0] if spec.cols == 1 else out
 
+    def _range_pieces(self, spec: TensorSpec, start: int, stop: int, row_bytes: int):
+        """(shard, chunk, slice of [start, stop) counted from `start`) per request of a
+        dense range, below the size limit."""
+        offsets = np.clip(spec.bounds() - start, 0, stop - start)
+        return self._pieces(offsets, row_bytes)
+
+    def _pull_range(self, spec: TensorSpec, start: int, stop: int, slot: str) -> np.ndarray:
+        """Values [stop - start, cols] of a dense tensor's global keys [start, stop)."""
+        out = np.empty((stop - start, spec.cols), dtype=spec.dtype)
+        reqs, places = [], []
+        for s, _, pos in self._range_pieces(spec, start, stop, 8 * spec.cols):
+            a, b = start + pos.start, start + pos.stop
+            req = pb.PullRequest(model=spec.name, by_range=True, start=a, stop=b, slot=slot)
+            reqs.append((s, req))
+            places.append(pos)
+        for place, resp in zip(places, self._fanout("Pull", reqs), strict=True):
+            out[place] = from_array(resp.values, f"Pull {spec.name!r}").reshape(-1, spec.cols)
+        return out
+
     def pull_all(self, spec: TensorSpec, slot: str = "") -> tuple[np.ndarray, np.ndarray]:
         """(keys, values) of every row: all of a dense tensor, the touched rows of a sparse one."""
+        if spec.kind == "dense":
+            v = self._pull_range(spec, 0, spec.dim, slot)
+            return np.arange(spec.dim, dtype=np.int64), (v[:, 0] if spec.cols == 1 else v)
         rows = max(1, self.chunk_bytes // (8 + 8 * spec.cols))
         keys, values = [], []
-        if spec.kind == "dense":
-            b = spec.bounds()
-            reqs = [
-                (
-                    s,
-                    pb.PullRequest(
-                        model=spec.name,
-                        by_range=True,
-                        start=i,
-                        stop=min(i + rows, int(b[s + 1])),
-                        slot=slot,
-                    ),
+        for s in range(spec.num_shards):
+            start = 0
+            while True:
+                req = pb.PullRequest(
+                    model=spec.name, by_range=True, start=start, stop=start + rows, slot=slot
                 )
-                for s in range(spec.num_shards)
-                for i in range(int(b[s]), int(b[s + 1]), rows)
-            ]
-            resps = self._fanout("Pull", reqs)
-        else:
-            resps = []
-            for s in range(spec.num_shards):
-                start = 0
-                while True:
-                    (r,) = self._fanout(
-                        "Pull",
-                        [
-                            (
-                                s,
-                                pb.PullRequest(
-                                    model=spec.name,
-                                    by_range=True,
-                                    start=start,
-                                    stop=start + rows,
-                                    slot=slot,
-                                ),
-                            )
-                        ],
-                    )
-                    resps.append(r)
-                    n = len(r.keys.data) // 8
-                    start += n
-                    if n < rows:
-                        break
-        for r in resps:
-            keys.append(from_array(r.keys, "Pull keys"))
-            values.append(from_array(r.values, "Pull values").reshape(-1, spec.cols))
+                (r,) = self._fanout("Pull", [(s, req)])
+                keys.append(from_array(r.keys, "Pull keys"))
+                values.append(from_array(r.values, "Pull values").reshape(-1, spec.cols))
+                n = len(r.keys.data) // 8
+                start += n
+                if n < rows:
+                    break
         k = np.concatenate(keys) if keys else np.zeros(0, np.int64)
         v = np.concatenate(values) if values else np.zeros((0, spec.cols), spec.dtype)
         order = np.argsort(k, kind="stable")
@@ -515,6 +522,16 @@ class PSClient:
         values = values.reshape(keys.size, spec.cols)
         if spec.nan_policy != "skip":
             _refuse_non_finite(spec, keys, values)
+        aggregate = round is not None
+        span = None if aggregate else _span(spec, keys)
+        if span is not None:  # dense keys that fill most of their range: push the range
+            lo, n = span
+            if n == keys.size and is_strictly_increasing(keys):  # the keys are the range
+                self._push_range(spec, lo, values, op)
+                return
+            if op == "add" and values.dtype.kind == "f":  # summed into the range's rows
+                self._push_range(spec, lo, _sum_rows(keys - lo, values, n), op)
+                return
         if op == "set" and not unique and spec.dedup(keys)[0].size != keys.size:
             raise ValueError(f"push op 'set' to {spec.name!r} needs unique keys")
         if op == "set" or unique or is_strictly_increasing(keys):
@@ -525,7 +542,6 @@ class PSClient:
             keys, values, offsets = spec.combine(keys, values)
         values = values.astype(spec.dtype, copy=False)
         row_bytes = 8 + values.itemsize * spec.cols
-        aggregate = round is not None
         reqs = [
             (
                 s,
@@ -552,6 +568,25 @@ class PSClient:
         rest = [r for r in reqs if r[1].chunk > 0]
         if rest:
             self._fanout("Push", rest)
+
+    def _push_range(self, spec: TensorSpec, start: int, values: np.ndarray, op: str) -> None:
+        """Push `values` [n, cols] to a dense tensor's global keys [start, start + n)."""
+        values = values.astype(spec.dtype, copy=False)
+        n = values.shape[0]
+        reqs = [
+            (
+                s,
+                pb.PushRequest(
+                    model=spec.name,
+                    values=to_array(values[pos]),
+                    op=_OPS[op],
+                    by_range=True,
+                    start=start + pos.start,
+                ),
+            )
+            for s, _, pos in self._range_pieces(spec, start, start + n, values.itemsize * spec.cols)
+        ]
+        self._fanout("Push", reqs)
 
     def reduce(self, spec: TensorSpec, round: int, op: str = "set", how: str = "sum") -> None:
         """Apply the combined contributions of `round`: set (replace the tensor), add or step.
@@ -860,6 +895,26 @@ class PSClient:
                 ch.close()
             self._channels.clear()
             self._retired.clear()
+
+
+def _span(spec: TensorSpec, keys: np.ndarray) -> tuple[int, int] | None:
+    """(first key, length) of the range that `keys` of a dense tensor span, when sending the
+    range's values costs no more bytes than the keys and their values: then a request
+    names its range instead of carrying keys (no dedup, sort or index on either side)."""
+    if spec.kind != "dense" or keys.size == 0:
+        return None
+    lo, hi = int(keys.min()), int(keys.max())
+    row = np.dtype(spec.dtype).itemsize * spec.cols
+    n = hi - lo + 1
+    return (lo, n) if n * row <= keys.size * (8 + row) else None
+
+
+def _sum_rows(rows: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """[n, cols] sums of `values`' rows by `rows` (repeated rows summed, others 0)."""
+    out = np.empty((n, values.shape[1]), dtype=np.float64)
+    for c in range(values.shape[1]):
+        out[:, c] = np.bincount(rows, weights=values[:, c], minlength=n)
+    return out
 
 
 def _grpc_deadline(timeout: float) -> float:
