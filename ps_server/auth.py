@@ -11,7 +11,14 @@ import grpc
 
 from ps_server.wire import TOKEN_KEY
 
-__all__ = ["TokenInterceptor", "AioTokenInterceptor", "new_token", "is_loopback", "TOKEN_KEY"]
+__all__ = [
+    "TokenInterceptor",
+    "AioTokenInterceptor",
+    "new_token",
+    "is_loopback",
+    "require_token",
+    "TOKEN_KEY",
+]
 
 
 def new_token() -> str:
@@ -27,6 +34,15 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):
         return False
+
+
+def require_token(host: str, token: str, doing: str, hint: str = "set SPARK_PS_TOKEN") -> None:
+    """Refuse (ValueError) to `doing` a non-loopback `host` without a token: anyone who can
+    reach the address could read and write every model."""
+    if not token and not is_loopback(host):
+        raise ValueError(
+            f"refusing to {doing} non-loopback address {host!r} without a token ({hint})"
+        )
 
 
 def _refuse(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:

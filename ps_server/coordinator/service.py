@@ -28,7 +28,7 @@ import time
 import grpc
 
 from ps_server import checkpoint, fencing, lifecycle, timeouts, tls
-from ps_server.auth import AioTokenInterceptor, is_loopback
+from ps_server.auth import AioTokenInterceptor, require_token
 from ps_server.coordinator.loop_server import LoopServer
 from ps_server.coordinator.servicer import CoordinatorServicer
 from ps_server.coordinator.waiting import WAITING_SERVER_OPTIONS
@@ -70,11 +70,7 @@ class Service:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         if replicas not in (1, 2):
             raise ValueError(f"replicas must be 1 (no replication) or 2, got {replicas}")
-        if not token and not is_loopback(host):
-            raise ValueError(
-                f"refusing to bind non-loopback address {host!r} without a token "
-                "(set SPARK_PS_TOKEN)"
-            )
+        require_token(host, token, "bind")
         self.host, self.token, self.num_shards = host, token, num_shards
         self.checkpoint_dir, self.restart, self.replicas = checkpoint_dir, restart, replicas
         if not max_request_mb > 0 or shard_memory_mb < 0:

@@ -26,7 +26,7 @@ import uuid
 import grpc
 
 from ps_server import cli, lifecycle, tls
-from ps_server.auth import is_loopback
+from ps_server.auth import require_token
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.wire import TOKEN_KEY
@@ -54,11 +54,7 @@ class HostSupervisor:
             raise ValueError(f"--shards must be >= 1, got {shards}")
         if shard_memory_mb < 0:
             raise ValueError(f"--shard-memory-mb must be >= 0, got {shard_memory_mb}")
-        if not token and not is_loopback(address):
-            raise ValueError(
-                f"refusing to run shards on non-loopback address {address!r} without a "
-                "token (set SPARK_PS_TOKEN to the coordinator's)"
-            )
+        require_token(address, token, "run shards on", "set SPARK_PS_TOKEN to the coordinator's")
         self.join, self.token, self.shard_memory_mb = join, token, shard_memory_mb
         self.info = pb.HostInfo(
             id=host_id or address,
