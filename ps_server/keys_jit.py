@@ -149,11 +149,7 @@ def route_order(
 def table_lookup(slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Row of each key in a linear-probing table on ``mix64(key) & mask``; -1 where absent."""
     out = np.empty(keys.size, dtype=np.int64)
-    regions = 0  # table regions of ~4096 slots (64 KB of keys and rows), if worth it
-    if keys.size >= 65536:
-        while (slot_keys.size >> regions) > 4096 and (keys.size >> regions) > 64:
-            regions += 1
-    _kernels().lookup(slot_keys, slot_rows, keys, out, regions)
+    _kernels().lookup(slot_keys, slot_rows, keys, out)
     return out
 
 
