@@ -154,9 +154,15 @@ def test_ftrl_stream_reports_each_micro_batchs_window_metrics(spark, ui_ps, tmp_
         assert q.exception() is None
         history = learner.history
         assert len(history) == files
-        html, fits = _page(ui_ps)
-        (fit,) = [f for f in fits if f["name"] == "spark-ps OnlineLogisticRegression (curves)"]
-        assert not fit["finished"] and fit["unit"] == "batch" and fit["done"] == files
+        deadline = time.monotonic() + 30  # the query's end reaches its listener soon after
+        while True:
+            html, fits = _page(ui_ps)
+            (fit,) = [f for f in fits if f["name"] == "spark-ps OnlineLogisticRegression (curves)"]
+            if fit["finished"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert fit["finished"], "the query ended: so do its curves"
+        assert fit["unit"] == "batch" and fit["done"] == files
         points = fit["points"]
         assert [p["done"] for p in points] == list(range(1, files + 1))
         for key, metric in [
@@ -174,6 +180,3 @@ def test_ftrl_stream_reports_each_micro_batchs_window_metrics(spark, ui_ps, tmp_
         assert f"batch {files}</span>" in html  # a stream has no total
     finally:
         learner.drop()
-    fits = _page(ui_ps)[1]
-    (fit,) = [f for f in fits if f["name"] == "spark-ps OnlineLogisticRegression (curves)"]
-    assert fit["finished"]  # dropping the learner ends its curves

@@ -27,13 +27,15 @@ import copy
 import functools
 import hashlib
 import logging
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
 from pyspark import keyword_only
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 from ps_server.checkpoint import latest_version
 from spark_ps.context import PSContext
@@ -230,7 +232,11 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
             writer = writer.trigger(**trigger)
         if queryName:
             writer = writer.queryName(queryName)
-        return writer.start()
+        ends = _EndsCurves(self, dataset.sparkSession)
+        dataset.sparkSession.streams.addListener(ends)
+        query = writer.start()
+        ends.watch(query)
+        return query
 
     # ------------------------------------------------------------------ per micro-batch
     def processBatch(self, batch: DataFrame, batch_id: int) -> None:
@@ -459,15 +465,60 @@ class OnlineLogisticRegression(_OnlineLogisticRegressionParams):
         """Running progressive metrics over every batch this learner object learned."""
         return self._running.summary()
 
-    def drop(self) -> None:
-        """Remove the model's tensors from the PS (its curves on the status page end)."""
+    def _end_curves(self) -> None:
+        """Mark this learner's curves on the status page finished (a later batch, of a
+        restarted query, starts new ones)."""
         if self._progress is not None:
             self._progress.close()
             self._progress = None
+
+    def drop(self) -> None:
+        """Remove the model's tensors from the PS (its curves on the status page end)."""
+        self._end_curves()
         if self._cfg is not None:
             self._cfg.state.drop()
             self._ledger.drop()
             self._cfg = self._ledger = None
+
+
+class _EndsCurves(StreamingQueryListener):
+    """Ends a learner's curves on the status page when the query :py:meth:`trainOn`
+    started terminates (stopped, finished or failed), then removes itself."""
+
+    def __init__(self, learner: OnlineLogisticRegression, session) -> None:
+        self._learner, self._session = weakref.ref(learner), session
+        self._query: StreamingQuery | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, query: StreamingQuery) -> None:
+        with self._lock:
+            self._query = query
+        if not query.isActive:  # it ended before the listener knew its id
+            self._end()
+
+    def _end(self) -> None:
+        learner = self._learner()
+        if learner is not None:
+            learner._end_curves()
+        try:
+            self._session.streams.removeListener(self)
+        except Exception as e:  # noqa: BLE001 - a stopped session: nothing to remove
+            log.debug("listener not removed: %s", e)
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        pass
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        with self._lock:
+            mine = self._query is not None and str(event.id) == self._query.id
+        if mine:
+            self._end()
 
 
 def _query_tag(query_id: str | None) -> int:
