@@ -19,7 +19,7 @@ import pytest
 
 from ps_server.proto import ps_pb2 as pb
 from ps_server.shard.direct import MAGIC, TYPED, DirectError, DirectLink
-from ps_server.wire import to_array
+from ps_server.wire import TOKEN_KEY, to_array
 from spark_ps.client import PSError, get_client
 from spark_ps.models import PSVector
 
@@ -242,3 +242,66 @@ def test_stalled_unauthenticated_connections_are_bounded_and_closed():
         for s in stalls:
             s.close()
         server.close()
+
+
+def test_one_request_in_flight_per_connection(client, monkeypatch):
+    """A call split into several requests per shard sends the next request on a shard's
+    connection only after reading the previous answer: two in flight could fill both
+    sockets' buffers (the shard writing an answer, the client writing a request) and hang."""
+    events: list[tuple[int, str]] = []
+    send, receive = DirectLink.send, DirectLink.receive
+
+    def sending(link, *args):
+        events.append((id(link), "send"))
+        return send(link, *args)
+
+    def receiving(link, *args):
+        events.append((id(link), "recv"))
+        return receive(link, *args)
+
+    monkeypatch.setattr(DirectLink, "send", sending)
+    monkeypatch.setattr(DirectLink, "receive", receiving)
+    from spark_ps.client import PSClient
+    from spark_ps.client.spec import TensorSpec
+
+    shared = client
+    client = PSClient(shared.address, shared.token, max_message_bytes=64 << 10)  # 4096 rows
+
+    t = TensorSpec(f"lane-chunks-{uuid.uuid4().hex[:8]}", "sparse", 2**40, 1, client.num_shards)
+    client.create(t)
+    keys = np.arange(0, 60_000 * 7, 7)
+    client.push(t, keys, np.arange(keys.size, dtype=np.float64))
+    np.testing.assert_array_equal(client.pull(t, keys), np.arange(keys.size, dtype=np.float64))
+    per_link: dict[int, list[str]] = {}
+    for link, what in events:
+        per_link.setdefault(link, []).append(what)
+    assert len(per_link) == client.num_shards
+    for seq in per_link.values():
+        assert len(seq) >= 2 * 2 * 7  # a push and a pull of >= 7 requests each
+        assert seq == ["send", "recv"] * (len(seq) // 2), seq
+    client.drop(t)
+    client.close()
+
+
+def test_an_answer_left_unread_by_an_error_is_never_read_as_another_s(client):
+    """A call whose first shard answers an error raises at once; the other shard's answer
+    is never read, so its connection is closed: the thread's next request to that shard
+    must get its own answer, not the stale one."""
+    from spark_ps.client.spec import TensorSpec
+
+    name = f"lane-stale-{uuid.uuid4().hex[:8]}"
+    t = TensorSpec(name, "sparse", 2**40, 1, client.num_shards)
+    other = TensorSpec(name + "-other", "sparse", 2**40, 1, client.num_shards)
+    client.create(t)
+    client.create(other)
+    keys = np.arange(64)
+    owners = t.shard_of(keys)
+    assert set(owners) == {0, 1}
+    client.push(t, keys, np.full(keys.size, 5.0))
+    client.push(other, keys, np.full(keys.size, 7.0))
+    md = ((TOKEN_KEY, client.token),)
+    client.shards[0].DropModel(pb.ModelRef(name=name), metadata=md, timeout=30)  # shard 0 only
+    with pytest.raises(PSError, match="unknown model"):
+        client.pull(t, keys)
+    np.testing.assert_array_equal(client.pull(other, keys), np.full(keys.size, 7.0))
+    client.drop(other)

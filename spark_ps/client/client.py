@@ -103,18 +103,34 @@ class _DirectCall:
     the request goes through gRPC instead with the same request id: a read is harmless to
     send twice, and a replicated write is answered once (its primary remembers the id)."""
 
-    def __init__(self, client: PSClient, shard: int, link: DirectLink, request, rpc, md, fallback):
+    def __init__(
+        self, client: PSClient, shard: int, link: DirectLink, request, rpc, md, fallback, later
+    ):
         self._client, self._shard, self._link = client, shard, link
         self._fallback, self._sent = fallback, False
         self._answer = pb.CallResponse if rpc == "Call" else _LANE_ANSWERS[rpc]
-        rid = next((v for k, v in md if k == REQUEST_ID_KEY), "")
+        self._request = (request, rpc, next((v for k, v in md if k == REQUEST_ID_KEY), ""))
+        if not later:
+            self._send()
+
+    def _send(self) -> None:
         try:
-            link.send(request, rpc, rid)
+            self._link.send(*self._request)
             self._sent = True
         except OSError:
-            client._drop_link(shard)
+            self._client._drop_link(self._shard)
+
+    def abandon(self) -> None:
+        """The caller will not read the answer: close the connection, so that its next
+        request cannot read this one's answer."""
+        if self._sent:
+            self._client._drop_link(self._shard)
+        self._request, self._sent = None, False
 
     def result(self):
+        if self._request is not None and not self._sent:  # sent `later`: now
+            self._send()
+        self._request = None
         if self._sent:
             try:
                 return self._link.receive(self._answer)
@@ -258,15 +274,23 @@ class PSClient:
         while pending:
             self._check_lost(rpc, {requests[i][0] for i in pending})
             retry = []
-            for i, fut in self._send(rpc, requests, mds, pending, direct):
-                try:
-                    results[i] = fut.result()
-                except grpc.RpcError as e:
-                    shard = requests[i][0]
-                    if e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
-                        retry.append(i)
-                        continue
-                    raise PSError(_details(e), code=e.code(), shard=shard, rpc=rpc) from None
+            calls, done = self._send(rpc, requests, mds, pending, direct), 0
+            try:
+                for i, fut in calls:
+                    done += 1
+                    try:
+                        results[i] = fut.result()
+                    except grpc.RpcError as e:
+                        shard = requests[i][0]
+                        if e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                            retry.append(i)
+                            continue
+                        raise PSError(_details(e), code=e.code(), shard=shard, rpc=rpc) from None
+            except BaseException:
+                for _, fut in calls[done:]:  # their answers will not be read
+                    if isinstance(fut, _DirectCall):
+                        fut.abandon()
+                raise
             if retry:
                 log.warning(
                     "%s: shards %s unavailable; retrying in %.1fs",
@@ -300,7 +324,7 @@ class PSClient:
         one (see `_DirectCall`)."""
         lane = rpc in _LANE_ANSWERS or (direct and rpc == "Call")
         if lane and not self.tls_ca and direct_lane.enabled():
-            out = []
+            out, busy = [], set()
             for i in pending:
                 shard, request = requests[i]
                 link = self._link(shard)
@@ -308,8 +332,13 @@ class PSClient:
                 if link is None:
                     out.extend(grpc_call())
                 else:
+                    # One request in flight per connection: a second one sent before the
+                    # first's answer is read could block both ends on full socket buffers
+                    # (the shard writing its answer, the client writing the next request).
+                    later = shard in busy
+                    busy.add(shard)
                     fallback = lambda g=grpc_call: g()[0][1]  # noqa: E731
-                    call = _DirectCall(self, shard, link, request, rpc, mds[i], fallback)
+                    call = _DirectCall(self, shard, link, request, rpc, mds[i], fallback, later)
                     out.append((i, call))
             return out
         if len(pending) == 1:
