@@ -72,16 +72,17 @@ def from_array(msg: pb.Array, what: str, *, ndim: tuple[int, ...] | None = None)
             f"{what}: dtype {msg.dtype!r} is not allowed (allowed: {', '.join(ALLOWED_DTYPES)})",
         )
     dtype = np.dtype(msg.dtype).newbyteorder("<")
-    if len(msg.data) % dtype.itemsize:
+    data = msg.data  # each read of a bytes field copies it: read it once
+    if len(data) % dtype.itemsize:
         raise RequestError(
             "INVALID_ARGUMENT",
-            f"{what}: payload of {len(msg.data)} bytes is not a multiple of the "
+            f"{what}: payload of {len(data)} bytes is not a multiple of the "
             f"{dtype.itemsize}-byte {msg.dtype} element (truncated payload?)",
         )
     shape = tuple(int(s) for s in msg.shape)
     if any(s < 0 for s in shape):
         raise RequestError("INVALID_ARGUMENT", f"{what}: negative dimension in shape {shape}")
-    n = len(msg.data) // dtype.itemsize
+    n = len(data) // dtype.itemsize
     if int(np.prod(shape, dtype=np.int64)) != n:
         raise RequestError(
             "INVALID_ARGUMENT",
@@ -90,7 +91,7 @@ def from_array(msg: pb.Array, what: str, *, ndim: tuple[int, ...] | None = None)
         )
     if ndim is not None and len(shape) not in ndim:
         raise RequestError("INVALID_ARGUMENT", f"{what}: expected {ndim} dims, got shape {shape}")
-    return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 #: What a primary's forward adds around a client request it accepted (method name, request

@@ -488,13 +488,14 @@ class Replica:
                     term, seq = c.term, c.seq
                     with self.lock:
                         self._check_seed(term)
-                if self.max_request_bytes and len(c.data) > self.max_request_bytes:
+                data = c.data  # each read of a bytes field copies it
+                if self.max_request_bytes and len(data) > self.max_request_bytes:
                     raise RequestError(
                         "RESOURCE_EXHAUSTED",
-                        f"{self.where}: seed chunk of {len(c.data)} bytes is over the request "
+                        f"{self.where}: seed chunk of {len(data)} bytes is over the request "
                         f"limit of {self.max_request_bytes}",
                     )
-                f.write(c.data)
+                f.write(data)
             f.seek(0)
             models, answers = restore_snapshot(f)
         with self.lock:

@@ -510,7 +510,7 @@ class PSClient:
                 (r,) = self._fanout("Pull", [(s, req)])
                 keys.append(from_array(r.keys, "Pull keys"))
                 values.append(from_array(r.values, "Pull values").reshape(-1, spec.cols))
-                n = len(r.keys.data) // 8
+                n = keys[-1].size
                 start += n
                 if n < rows:
                     break
