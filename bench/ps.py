@@ -70,10 +70,12 @@ def loopback_seconds(payload: bytes, repeat: int) -> float:
 
 def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) -> dict:
     """Seconds of each stage of one call, measured apart in this process: the client's
-    combine/dedup and routing, serialisation (requests built and encoded, the answer decoded),
-    and the shard's apply (decode, checks, index and update on a local Tensor of the same
-    spec, one shard doing all the keys). The rest of the call's time is the wire (gRPC)."""
+    combine/dedup and routing, serialisation (the direct lane's request built, the answer
+    decoded), and the shard's apply (the frame parsed, checks, index and update on a local
+    Tensor of the same spec, one shard doing all the keys, the answer encoded). The rest of
+    the call's time is the wire."""
     from ps_server.proto import ps_pb2 as pb
+    from ps_server.shard.direct import Payload, parse_typed, typed_body
     from ps_server.shard.tensors import Tensor
     from ps_server.wire import from_array, to_array
     from spark_ps.client.client import _span
@@ -92,30 +94,34 @@ def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) ->
         return (keys, values, offsets) if order is None else (keys[order], values[order], offsets)
 
     k, v, _ = prepare()
+    rows = v.reshape(-1, 1)
+    # as the direct lane sends them: the request's fields, then the arrays' raw bytes
     if op == "push":
-        raw = lambda: pb.PushRequest(model="m", keys=to_array(k), values=to_array(v))  # noqa: E731
-        serial = lambda: raw().SerializeToString()  # noqa: E731
+        request = lambda: Payload(pb.PushRequest(model="m"), keys=k, values=rows)  # noqa: E731
     else:
-        answer = pb.PullResponse(values=to_array(v)).SerializeToString()
+        request = lambda: Payload(pb.PullRequest(model="m"), keys=k)  # noqa: E731
+    answer = pb.PullResponse(values=to_array(v)).SerializeToString()
 
-        def serial():
-            pb.PullRequest(model="m", keys=to_array(k)).SerializeToString()
+    def serial():
+        body = typed_body(request(), op.capitalize(), "rid")
+        if op == "pull":
             from_array(pb.PullResponse.FromString(answer).values, "bench")
+        return body
 
     local = spec.shard_spec(0)
     local.num_shards, local.offset, local.length = 1, 0, spec.dim if spec.kind == "dense" else 0
     tensor = Tensor.create(local)
-    tensor.push(k, v.reshape(-1, 1), pb.ADD)  # rows exist: the steady state, as on the shards
-    wire_keys = pb.PushRequest(keys=to_array(k), values=to_array(v)).SerializeToString()
+    tensor.push(k, rows, pb.ADD)  # rows exist: the steady state, as on the shards
+    frame = bytearray(b"".join(bytes(p) for p in serial()))
 
     def apply():
-        req = pb.PushRequest.FromString(wire_keys)
+        _, req, _ = parse_typed(frame)
         kk = tensor.check_keys(from_array(req.keys, "k"), "bench")
         if op == "push":
             kk, vv = tensor.check_push(kk, from_array(req.values, "v"), "bench")
             tensor.push(kk, vv, pb.ADD)
         else:
-            to_array(tensor.pull(kk, "")).SerializeToString()
+            pb.PullResponse(values=to_array(tensor.pull(kk, ""))).SerializeToString()
 
     return {
         "route": _best(prepare, repeat),

@@ -162,6 +162,36 @@ def test_garbage_oversized_and_truncated_frames(client, ps):
     for body in (struct.pack("<BH", 9, 0), b"\x01"):
         out = _raw(host, port, typed + struct.pack("<Q", len(body)) + body)
         assert out[0] == 1 and b"INVALID_ARGUMENT\nmalformed pull or push frame" in out, out
+    # raw arrays that do not fit the frame: a field a pull has not, one twice, one longer
+    # than the frame, bytes after the last one; each refused, nothing applied
+    v = PSVector.sparse(2**40, name=f"lane-raw-{uuid.uuid4().hex[:8]}", context=ps)
+    meta = pb.PushRequest(model=v.spec.name, keys=to_array(np.zeros(0, np.int64)))
+    meta.values.CopyFrom(pb.Array(dtype="float64", shape=[1]))
+    meta.keys.CopyFrom(pb.Array(dtype="int64", shape=[1]))
+    head = meta.SerializeToString()
+    one, key = np.ones(1).tobytes(), np.array([3], np.int64).tobytes()
+
+    def frame(rpc: int, raws: list[tuple[int, bytes]], tail: bytes = b"", cut: int = 0) -> bytes:
+        body = struct.pack("<BH", rpc, 2) + b"r1" + struct.pack("<IB", len(head), len(raws)) + head
+        for i, (field, data) in enumerate(raws):
+            claimed = len(data) + (cut if i == len(raws) - 1 else 0)
+            body += struct.pack("<BQ", field, claimed) + data
+        body += tail
+        return typed + struct.pack("<Q", len(body)) + body
+
+    for bad, why in [
+        (frame(1, [(2, one)]), b"raw array field 2 not expected in a Pull"),
+        (frame(2, [(1, key), (1, key)]), b"raw array field 1 not expected in a Push"),
+        (frame(2, [(1, key), (2, one)], cut=8), b"shorter than its values"),
+        (frame(2, [(1, key), (2, one)], tail=b"xx"), b"2 bytes after its arrays"),
+    ]:
+        out = _raw(host, port, bad)
+        assert out[0] == 1 and b"malformed pull or push frame" in out and why in out, out
+    out = _raw(host, port, frame(2, [(1, key), (2, one)]))  # the same frame, well formed
+    assert out[0] == 0, out
+    keys, values = v.pull()
+    assert keys.tolist() == [3] and values.tolist() == [1.0]  # applied once: by the last
+    v.drop()
     # a truncated frame: dropped without an answer, and it joined nothing
     topic = f"lane-{uuid.uuid4().hex[:8]}"
     body = _request("rendezvous.gather", _gather(topic, 0, 0, 2), [np.ones(2)]).SerializeToString()
@@ -190,6 +220,30 @@ def test_a_broken_lane_falls_back_to_grpc_and_reconnects(client):
         "rendezvous.gather", [], _gather(topic, 2, 0, 1), [[np.ones(1)]], shards=[1], direct=True
     )
     assert client._links.links[client.addresses[1]] is not link  # a fresh connection
+
+
+@pytest.mark.parametrize("dtype,cols", [("float64", 1), ("float32", 3), ("int64", 2)])
+def test_raw_arrays_on_the_lane_equal_grpc(client, monkeypatch, dtype, cols):
+    """The same pushes and pulls (duplicates, one key, none, every dtype a model holds) on
+    the lane, where the arrays travel raw, and on gRPC, inside the protobuf."""
+    from spark_ps.client.spec import TensorSpec
+
+    rng = np.random.default_rng(cols)
+    keys = rng.integers(0, 2**40, 5_000)
+    keys[:10] = keys[10:20]  # repeats
+    values = rng.normal(size=(keys.size, cols)) * 100
+    got = []
+    for lane in ("1", "0"):
+        monkeypatch.setenv("SPARK_PS_DIRECT", lane)
+        t = TensorSpec(f"lane-raw-{lane}-{uuid.uuid4().hex[:6]}", "sparse", 2**40, cols,
+                       client.num_shards, dtype=dtype)  # fmt: skip
+        client.create(t)
+        client.push(t, keys, values.astype(dtype))
+        client.push(t, keys[:1], np.ones((1, cols), dtype))
+        client.push(t, keys[:0], np.ones((0, cols), dtype))
+        got.append(client.pull(t, np.concatenate([keys[::-1], keys[:1]])))
+        client.drop(t)
+    np.testing.assert_array_equal(got[0], got[1])
 
 
 def test_lane_off_by_environment(client, monkeypatch):

@@ -12,8 +12,14 @@ What travels is the same protobuf request and answer as on gRPC, framed::
 
     Call      b"PSD1", u32 token length, token, u64 length, CallRequest
     Pull/Push b"PSD2", u32 token length, token, u64 length,
-              u8 rpc (1 Pull, 2 Push), u16 request-id length, request id, the request
+              u8 rpc (1 Pull, 2 Push), u16 request-id length, request id,
+              u32 request length, u8 arrays, the request, then per array:
+              u8 field (1 keys, 2 values), u64 length, its raw bytes
     answer    u8 status (0 answer, 1 error), u64 length, the answer | b"CODE\\nmessage"
+
+A pull's keys and a push's keys and values travel after the request as raw little-endian
+bytes (their dtype and shape in the request's ``Array`` fields), sent straight from the
+client's numpy arrays: encoding a 16 MB push into a protobuf copied it twice.
 
 The shard answers exactly as on gRPC: a pull or push runs the servicer's own handler, so it
 is replicated to the backup before it is acknowledged and remembered under its request id
@@ -44,13 +50,23 @@ import struct
 import threading
 from collections.abc import Callable
 
+import numpy as np
 from google.protobuf.message import Message
 
 from ps_server import timeouts
 from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError, check_request_size
 
-__all__ = ["DirectServer", "DirectLink", "DirectError", "MAGIC", "TYPED", "RPCS", "enabled"]
+__all__ = [
+    "DirectServer",
+    "DirectLink",
+    "DirectError",
+    "Payload",
+    "MAGIC",
+    "TYPED",
+    "RPCS",
+    "enabled",
+]
 
 log = logging.getLogger("ps_server")
 
@@ -64,9 +80,16 @@ RPCS: dict[int, tuple[str, type[Message], type[Message]]] = {
 _CODES = {name: code for code, (name, _, _) in RPCS.items()}
 _HEAD = struct.Struct("<4sI")  # magic, token length
 _TYPED = struct.Struct("<BH")  # rpc code, request-id length
+_META = struct.Struct("<IB")  # request length, raw arrays after it
+_RAW = struct.Struct("<BQ")  # field code, byte length
+#: The request fields that may travel as raw arrays: code -> name, and per rpc.
+FIELDS = {1: "keys", 2: "values"}
+_FIELD_CODES = {name: code for code, name in FIELDS.items()}
+_RAW_FIELDS = {"Pull": ("keys",), "Push": ("keys", "values")}
 _LEN = struct.Struct("<Q")
 _STATUS = struct.Struct("<BQ")  # 0 answer / 1 error, payload length
 _MAX_TOKEN = 4096
+_IOV_MAX = 1024  # buffers per sendmsg (the kernel's limit)
 ENV = "SPARK_PS_DIRECT"
 #: Connections that have not yet sent a frame with the right token, at most.
 MAX_PENDING = 64
@@ -211,7 +234,7 @@ class DirectServer:
             return False  # truncated: dropped before anything was parsed
         try:
             if typed:
-                rpc, request, rid = _parse(body)
+                rpc, request, rid = parse_typed(body)
             else:  # parses the bytearray: no copy
                 rpc, request, rid = "Call", pb.CallRequest.FromString(body), ""
         except Exception as e:  # noqa: BLE001 - any parse failure is the client's
@@ -230,7 +253,7 @@ class DirectServer:
         except Exception as e:  # noqa: BLE001 - a server survives every request
             log.exception("%s: direct %s failed", self._where, rpc)
             return self._error(conn, "INTERNAL", f"{self._where}: {type(e).__name__}: {e}")
-        _send(conn, _STATUS.pack(0, len(answer)), answer)
+        _send(conn, [_STATUS.pack(0, len(answer)), answer])
         return True
 
     def _error(self, conn: socket.socket, code: str, message: str) -> bool:
@@ -254,29 +277,92 @@ class DirectServer:
         return None
 
 
-def _send(sock: socket.socket, head: bytes, body: bytes) -> None:
-    """Send `head` then `body` gathered: the body is not copied (a 16 MB answer, say)."""
-    sent = sock.sendmsg([head, body])
-    if sent < len(head):
-        sock.sendall(head[sent:])
-        sent = len(head)
-    if sent < len(head) + len(body):
-        sock.sendall(memoryview(body)[sent - len(head) :])
+def _send(sock: socket.socket, parts: list) -> None:
+    """Send `parts` (bytes-like) gathered: none is copied (a 16 MB answer, say)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
-def _parse(body: bytearray) -> tuple[str, Message, str]:
-    """A typed frame's body: (rpc, request, request id); ValueError when it is not one."""
+def typed_body(request: Message | Payload, rpc: str, request_id: str) -> list:
+    """The buffers of a pull or push frame's body (the arrays' own memory, not copies)."""
+    arrays = request.arrays if isinstance(request, Payload) else {}
+    meta = (request.request if isinstance(request, Payload) else request).SerializeToString()
+    rid = request_id.encode()
+    parts = [_TYPED.pack(_CODES[rpc], len(rid)) + rid + _META.pack(len(meta), len(arrays)), meta]
+    for name, a in arrays.items():
+        parts += [_RAW.pack(_FIELD_CODES[name], a.nbytes), a.reshape(-1).view(np.uint8)]
+    return parts
+
+
+def parse_typed(body: bytearray) -> tuple[str, Message, str]:
+    """A typed frame's body: (rpc, request with its raw arrays put back, request id);
+    ValueError naming what is wrong when it is not one."""
+    view = memoryview(body)
     if len(body) < _TYPED.size:
         raise ValueError("shorter than its header")
     code, rid_len = _TYPED.unpack_from(body)
     if code not in RPCS:
         raise ValueError(f"unknown rpc code {code}")
-    start = _TYPED.size + rid_len
-    if len(body) < start:
-        raise ValueError("shorter than its request id")
+    at = _TYPED.size + rid_len
+    if len(body) < at + _META.size:
+        raise ValueError("shorter than its request id and request length")
     rpc, request_type, _ = RPCS[code]
-    rid = bytes(body[_TYPED.size : start]).decode()
-    return rpc, request_type.FromString(memoryview(body)[start:]), rid
+    rid = bytes(view[_TYPED.size : at]).decode()
+    size, count = _META.unpack_from(body, at)
+    at += _META.size
+    if len(body) < at + size:
+        raise ValueError("shorter than its request")
+    request = request_type.FromString(view[at : at + size])
+    at += size
+    seen = set()
+    for _ in range(count):
+        if len(body) < at + _RAW.size:
+            raise ValueError("shorter than its arrays")
+        field, n = _RAW.unpack_from(body, at)
+        at += _RAW.size
+        name = FIELDS.get(field)
+        if name not in _RAW_FIELDS[rpc] or name in seen:
+            raise ValueError(f"raw array field {field} not expected in a {rpc}")
+        if len(body) < at + n:
+            raise ValueError(f"shorter than its {name}")
+        seen.add(name)
+        getattr(request, name).data = bytes(view[at : at + n])
+        at += n
+    if at != len(body):
+        raise ValueError(f"{len(body) - at} bytes after its arrays")
+    return rpc, request, rid
+
+
+class Payload:
+    """A pull or push request whose arrays are numpy arrays until sent: on the lane their
+    bytes go straight from the arrays; :meth:`message` builds the protobuf, for gRPC.
+    Other attributes read the request's (``payload.chunk``)."""
+
+    def __init__(self, request: Message, **arrays: np.ndarray) -> None:
+        self.request, self.arrays = request, {}
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            if a.dtype.byteorder == ">":
+                a = a.astype(a.dtype.newbyteorder("<"))
+            getattr(request, name).CopyFrom(pb.Array(dtype=a.dtype.name, shape=a.shape))
+            self.arrays[name] = a
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["request"], name)
+
+    def message(self) -> Message:
+        """The whole request, its arrays' bytes inside."""
+        m = type(self.request)()
+        m.CopyFrom(self.request)
+        for name, a in self.arrays.items():
+            getattr(m, name).data = a.tobytes()
+        return m
 
 
 class DirectLink:
@@ -289,17 +375,17 @@ class DirectLink:
         self._call = _HEAD.pack(MAGIC, len(token_bytes)) + token_bytes
         self._typed = _HEAD.pack(TYPED, len(token_bytes)) + token_bytes
 
-    def send(self, request: Message, rpc: str = "Call", request_id: str = "") -> None:
+    def send(self, request: Message | Payload, rpc: str = "Call", request_id: str = "") -> None:
         """Send a ``Call``, ``Pull`` or ``Push`` request (raises OSError if the connection
-        is broken); a pull or push carries its `request_id` as on gRPC."""
-        body = request.SerializeToString()
+        is broken); a pull or push carries its `request_id` as on gRPC, and a
+        :class:`Payload`'s arrays as raw bytes."""
         if rpc == "Call":
-            head = self._call + _LEN.pack(len(body))
-        else:
-            rid = request_id.encode()
-            head = _TYPED.pack(_CODES[rpc], len(rid)) + rid
-            head = self._typed + _LEN.pack(len(head) + len(body)) + head
-        _send(self._sock, head, body)
+            body = request.SerializeToString()
+            _send(self._sock, [self._call + _LEN.pack(len(body)), body])
+            return
+        parts = typed_body(request, rpc, request_id)
+        total = sum(len(p) for p in parts)
+        _send(self._sock, [self._typed + _LEN.pack(total), *parts])
 
     def receive(self, answer: type[Message] = pb.CallResponse) -> Message:
         """The answer (of type `answer`) to the last request sent; :class:`DirectError` for

@@ -31,7 +31,7 @@ from ps_server.keys import is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.shard import direct as direct_lane
-from ps_server.shard.direct import DirectError, DirectLink
+from ps_server.shard.direct import DirectError, DirectLink, Payload
 from ps_server.shard.replica import REQUEST_ID_KEY
 from ps_server.timeouts import (
     DEADLINE_MARGIN_SECONDS,
@@ -344,12 +344,12 @@ class PSClient:
         if len(pending) == 1:
             (i,) = pending
             stub = getattr(self.shards[requests[i][0]], rpc)
-            return [(i, _Done(stub, requests[i][1], mds[i], self.timeout))]
+            return [(i, _Done(stub, _message(requests[i][1]), mds[i], self.timeout))]
         return [
             (
                 i,
                 getattr(self.shards[requests[i][0]], rpc).future(
-                    requests[i][1], metadata=mds[i], timeout=self.timeout
+                    _message(requests[i][1]), metadata=mds[i], timeout=self.timeout
                 ),
             )
             for i in pending
@@ -463,7 +463,7 @@ class PSClient:
         out = np.empty((uniq.size, spec.cols), dtype=spec.dtype)
         reqs, places = [], []
         for s, _, pos in self._pieces(offsets, 8 + 8 * spec.cols):
-            reqs.append((s, pb.PullRequest(model=spec.name, keys=to_array(uniq[pos]), slot=slot)))
+            reqs.append((s, Payload(pb.PullRequest(model=spec.name, slot=slot), keys=uniq[pos])))
             places.append(pos)
         for place, resp in zip(places, self._fanout("Pull", reqs), strict=True):
             out[place] = from_array(resp.values, f"Pull {spec.name!r}").reshape(-1, spec.cols)
@@ -574,15 +574,17 @@ class PSClient:
         reqs = [
             (
                 s,
-                pb.PushRequest(
-                    model=spec.name,
-                    keys=to_array(keys[pos]),
-                    values=to_array(values[pos]),
-                    op=_OPS[op],
-                    aggregate=aggregate,
-                    round=round or 0,
-                    part=part,
-                    chunk=chunk,
+                Payload(
+                    pb.PushRequest(
+                        model=spec.name,
+                        op=_OPS[op],
+                        aggregate=aggregate,
+                        round=round or 0,
+                        part=part,
+                        chunk=chunk,
+                    ),
+                    keys=keys[pos],
+                    values=values[pos],
                 ),
             )
             for s, chunk, pos in self._pieces(offsets, row_bytes, every_shard=aggregate)
@@ -605,12 +607,11 @@ class PSClient:
         reqs = [
             (
                 s,
-                pb.PushRequest(
-                    model=spec.name,
-                    values=to_array(values[pos]),
-                    op=_OPS[op],
-                    by_range=True,
-                    start=start + pos.start,
+                Payload(
+                    pb.PushRequest(
+                        model=spec.name, op=_OPS[op], by_range=True, start=start + pos.start
+                    ),
+                    values=values[pos],
                 ),
             )
             for s, _, pos in self._range_pieces(spec, start, start + n, values.itemsize * spec.cols)
@@ -924,6 +925,11 @@ class PSClient:
                 ch.close()
             self._channels.clear()
             self._retired.clear()
+
+
+def _message(request):
+    """The protobuf of a request (a :class:`Payload`'s, its arrays inside), for gRPC."""
+    return request.message() if isinstance(request, Payload) else request
 
 
 def _span(spec: TensorSpec, keys: np.ndarray) -> tuple[int, int] | None:
