@@ -75,9 +75,9 @@ def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) ->
     Tensor of the same spec, one shard doing all the keys, the answer encoded). The rest of
     the call's time is the wire."""
     from ps_server.proto import ps_pb2 as pb
-    from ps_server.shard.direct import Payload, parse_typed, typed_body
+    from ps_server.shard.direct import Payload, parse_answer, parse_typed, typed_body, with_arrays
     from ps_server.shard.tensors import Tensor
-    from ps_server.wire import from_array, to_array
+    from ps_server.wire import from_array
     from spark_ps.client.client import _span
 
     span = _span(spec, keys)
@@ -100,12 +100,14 @@ def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) ->
         request = lambda: Payload(pb.PushRequest(model="m"), keys=k, values=rows)  # noqa: E731
     else:
         request = lambda: Payload(pb.PullRequest(model="m"), keys=k)  # noqa: E731
-    answer = pb.PullResponse(values=to_array(v)).SerializeToString()
+    answer = bytearray(
+        b"".join(bytes(p) for p in with_arrays(Payload(pb.PullResponse(), values=v)))
+    )
 
     def serial():
         body = typed_body(request(), op.capitalize(), "rid")
         if op == "pull":
-            from_array(pb.PullResponse.FromString(answer).values, "bench")
+            from_array(parse_answer(answer, pb.PullResponse).values, "bench")
         return body
 
     local = spec.shard_spec(0)
@@ -121,7 +123,7 @@ def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) ->
             kk, vv = tensor.check_push(kk, from_array(req.values, "v"), "bench")
             tensor.push(kk, vv, pb.ADD)
         else:
-            pb.PullResponse(values=to_array(tensor.pull(kk, ""))).SerializeToString()
+            with_arrays(Payload(pb.PullResponse(), values=tensor.pull(kk, "")))
 
     return {
         "route": _best(prepare, repeat),
@@ -135,8 +137,9 @@ def _range_stages(spec, op, keys, values, span, repeat) -> dict:
     finding the range and summing the pushed rows into it (or picking the pulled keys out
     of it); requests carry values only; the shard adds or copies a slice."""
     from ps_server.proto import ps_pb2 as pb
+    from ps_server.shard.direct import Payload, parse_answer, parse_typed, typed_body, with_arrays
     from ps_server.shard.tensors import Tensor
-    from ps_server.wire import from_array, to_array
+    from ps_server.wire import from_array
     from spark_ps.client.client import _span, _sum_rows
 
     lo, n = span
@@ -149,29 +152,33 @@ def _range_stages(spec, op, keys, values, span, repeat) -> dict:
         if not run:
             _sum_rows(keys - lo, rows, n) if op == "push" else block[keys - lo]
 
-    if op == "push":
-        serial = lambda: pb.PushRequest(  # noqa: E731
-            model="m", values=to_array(block), by_range=True, start=lo
-        ).SerializeToString()
-    else:
-        answer = pb.PullResponse(values=to_array(block)).SerializeToString()
+    push = lambda: Payload(  # noqa: E731
+        pb.PushRequest(model="m", by_range=True, start=lo), values=block
+    )
+    pull = lambda: pb.PullRequest(model="m", by_range=True, start=lo, stop=lo + n)  # noqa: E731
+    answer = bytearray(
+        b"".join(bytes(p) for p in with_arrays(Payload(pb.PullResponse(), values=block)))
+    )
 
-        def serial():
-            pb.PullRequest(model="m", by_range=True, start=lo, stop=lo + n).SerializeToString()
-            from_array(pb.PullResponse.FromString(answer).values, "bench")
+    def serial():
+        if op == "push":
+            return typed_body(push(), "Push", "rid")
+        body = typed_body(pull(), "Pull", "rid")
+        from_array(parse_answer(answer, pb.PullResponse).values, "bench")
+        return body
 
     local = spec.shard_spec(0)
     local.num_shards, local.offset, local.length = 1, 0, spec.dim
     tensor = Tensor.create(local)
-    wire = pb.PushRequest(values=to_array(block), by_range=True, start=lo).SerializeToString()
+    frame = bytearray(b"".join(bytes(p) for p in serial()))
 
     def apply():
+        _, req, _ = parse_typed(frame)
         if op == "push":
-            req = pb.PushRequest.FromString(wire)
             tensor.push_range(req.start, from_array(req.values, "v"), pb.ADD, "bench")
         else:
-            _, v = tensor.pull_range(lo, lo + n, "")
-            to_array(v).SerializeToString()
+            _, v = tensor.pull_range(req.start, req.stop, "")
+            with_arrays(Payload(pb.PullResponse(), values=v))
 
     return {
         "route": _best(prepare, repeat),

@@ -18,6 +18,7 @@ import pytest
 from ps_server.coordinator.service import Service
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
+from ps_server.shard.direct import DirectError, DirectLink
 from ps_server.shard.replica import REQUEST_ID_KEY
 from ps_server.wire import TOKEN_KEY, to_array
 from spark_ps.client import PSClient, PSError
@@ -131,8 +132,6 @@ def test_a_push_on_the_direct_lane_is_replicated_and_its_retry_applied_once(serv
     """A push sent on a primary's direct lane runs the same replicated handler: the backup
     applies it before it is acknowledged, and a resend with the same request id (on the
     lane, or on gRPC after a broken lane) gets the first answer without applying it."""
-    from ps_server.shard.direct import DirectLink
-
     _, c = service
     spec = _spec("r-lane", "sparse", 2**40)
     c.create(spec)
@@ -176,6 +175,23 @@ def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
             timeout=10,
         )
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "backup" in e.value.details()
+    port = stub.Health(pb.Empty(), metadata=((TOKEN_KEY, TOKEN),), timeout=10).direct_port
+    lane = DirectLink(c.backups[0].rsplit(":", 1)[0], port, TOKEN, timeout=10)
+    for rpc, request in [
+        ("Pull", pb.PullRequest(model=spec.name, keys=to_array(np.arange(3)))),
+        ("Pull", pb.PullRequest(model=spec.name, by_range=True, start=0, stop=3)),
+        (
+            "Push",
+            pb.PushRequest(
+                model=spec.name, keys=to_array(np.arange(3)), values=to_array(np.ones(3))
+            ),
+        ),
+    ]:  # the lane refuses as gRPC does
+        lane.send(request, rpc, "backup-lane")
+        with pytest.raises(DirectError) as e:
+            lane.receive(pb.PullResponse if rpc == "Pull" else pb.Ack)
+        assert e.value.code == "UNAVAILABLE" and "backup" in str(e.value), (rpc, str(e.value))
+    lane.close()
     bad = np.ones(25)  # keys 25..49 all live on shard 1; the client would refuse it itself
     bad[6] = np.nan
     with pytest.raises(grpc.RpcError, match="non-finite value nan at row 6"):

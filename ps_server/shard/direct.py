@@ -15,11 +15,12 @@ What travels is the same protobuf request and answer as on gRPC, framed::
               u8 rpc (1 Pull, 2 Push), u16 request-id length, request id,
               u32 request length, u8 arrays, the request, then per array:
               u8 field (1 keys, 2 values), u64 length, its raw bytes
-    answer    u8 status (0 answer, 1 error), u64 length, the answer | b"CODE\\nmessage"
+    answer    u8 status (0 answer, 1 error, 2 answer with raw arrays), u64 length,
+              the answer | b"CODE\\nmessage" | as a request's, from its length on
 
-A pull's keys and a push's keys and values travel after the request as raw little-endian
-bytes (their dtype and shape in the request's ``Array`` fields), sent straight from the
-client's numpy arrays: encoding a 16 MB push into a protobuf copied it twice.
+A pull's keys, a push's keys and values, and a pull's answer travel after their message as
+raw little-endian bytes (dtype and shape in the message's ``Array`` fields), sent straight
+from numpy arrays and read in place: encoding a 16 MB push into a protobuf copied it twice.
 
 The shard answers exactly as on gRPC: a pull or push runs the servicer's own handler, so it
 is replicated to the backup before it is acknowledged and remembered under its request id
@@ -58,6 +59,7 @@ from ps_server.proto import ps_pb2 as pb
 from ps_server.wire import RequestError, check_request_size
 
 __all__ = [
+    "RawAnswer",
     "DirectServer",
     "DirectLink",
     "DirectError",
@@ -87,7 +89,8 @@ FIELDS = {1: "keys", 2: "values"}
 _FIELD_CODES = {name: code for code, name in FIELDS.items()}
 _RAW_FIELDS = {"Pull": ("keys",), "Push": ("keys", "values")}
 _LEN = struct.Struct("<Q")
-_STATUS = struct.Struct("<BQ")  # 0 answer / 1 error, payload length
+_STATUS = struct.Struct("<BQ")  # 0 answer / 1 error / 2 answer with raw arrays, its length
+_RAW_ANSWER = 2
 _MAX_TOKEN = 4096
 _IOV_MAX = 1024  # buffers per sendmsg (the kernel's limit)
 ENV = "SPARK_PS_DIRECT"
@@ -243,9 +246,9 @@ class DirectServer:
             return False
         try:
             if typed:
-                answer = self._serve_rpc(rpc, request, rid).SerializeToString()
+                answer = self._serve_rpc(rpc, request, rid)
             else:
-                answer = self._handle(request).SerializeToString()
+                answer = self._handle(request)
         except RequestError as e:
             return self._error(conn, e.code, str(e))
         except MemoryError:
@@ -253,6 +256,11 @@ class DirectServer:
         except Exception as e:  # noqa: BLE001 - a server survives every request
             log.exception("%s: direct %s failed", self._where, rpc)
             return self._error(conn, "INTERNAL", f"{self._where}: {type(e).__name__}: {e}")
+        if isinstance(answer, Payload):  # its arrays as raw bytes
+            parts = with_arrays(answer)
+            _send(conn, [_STATUS.pack(_RAW_ANSWER, sum(len(p) for p in parts)), *parts])
+            return True
+        answer = answer.SerializeToString()
         _send(conn, [_STATUS.pack(0, len(answer)), answer])
         return True
 
@@ -291,13 +299,53 @@ def _send(sock: socket.socket, parts: list) -> None:
 
 def typed_body(request: Message | Payload, rpc: str, request_id: str) -> list:
     """The buffers of a pull or push frame's body (the arrays' own memory, not copies)."""
-    arrays = request.arrays if isinstance(request, Payload) else {}
-    meta = (request.request if isinstance(request, Payload) else request).SerializeToString()
     rid = request_id.encode()
-    parts = [_TYPED.pack(_CODES[rpc], len(rid)) + rid + _META.pack(len(meta), len(arrays)), meta]
+    return [_TYPED.pack(_CODES[rpc], len(rid)) + rid, *with_arrays(request)]
+
+
+def with_arrays(message: Message | Payload) -> list:
+    """A message's buffers on the lane: its length and raw-array count, its fields, then
+    each raw array's field code, length and bytes."""
+    arrays = message.arrays if isinstance(message, Payload) else {}
+    meta = (message.request if isinstance(message, Payload) else message).SerializeToString()
+    parts = [_META.pack(len(meta), len(arrays)), meta]
     for name, a in arrays.items():
         parts += [_RAW.pack(_FIELD_CODES[name], a.nbytes), a.reshape(-1).view(np.uint8)]
     return parts
+
+
+def _read_arrays(view: memoryview, at: int, kind: type[Message], fields: tuple[str, ...]):
+    """Parse what `_with_arrays` wrote from `view[at:]`: (the message, {field: raw bytes
+    as a memoryview}); ValueError naming what does not fit."""
+    if len(view) < at + _META.size:
+        raise ValueError("shorter than its message length")
+    size, count = _META.unpack_from(view, at)
+    at += _META.size
+    if len(view) < at + size:
+        raise ValueError("shorter than its message")
+    message = kind.FromString(view[at : at + size])
+    at += size
+    raw: dict[str, memoryview] = {}
+    for _ in range(count):
+        if len(view) < at + _RAW.size:
+            raise ValueError("shorter than its arrays")
+        field, n = _RAW.unpack_from(view, at)
+        at += _RAW.size
+        name = FIELDS.get(field)
+        if name not in fields or name in raw:
+            raise ValueError(f"raw array field {field} not expected in a {kind.__name__}")
+        if len(view) < at + n:
+            raise ValueError(f"shorter than its {name}")
+        raw[name] = view[at : at + n]
+        at += n
+    if at != len(view):
+        raise ValueError(f"{len(view) - at} bytes after its arrays")
+    return message, raw
+
+
+def parse_answer(body: bytearray, kind: type[Message]) -> RawAnswer:
+    """An answer with raw arrays (what the shard sent as ``with_arrays(payload)``)."""
+    return RawAnswer(*_read_arrays(memoryview(body), 0, kind, ("keys", "values")))
 
 
 def parse_typed(body: bytearray) -> tuple[str, Message, str]:
@@ -310,33 +358,36 @@ def parse_typed(body: bytearray) -> tuple[str, Message, str]:
     if code not in RPCS:
         raise ValueError(f"unknown rpc code {code}")
     at = _TYPED.size + rid_len
-    if len(body) < at + _META.size:
-        raise ValueError("shorter than its request id and request length")
+    if len(body) < at:
+        raise ValueError("shorter than its request id")
     rpc, request_type, _ = RPCS[code]
     rid = bytes(view[_TYPED.size : at]).decode()
-    size, count = _META.unpack_from(body, at)
-    at += _META.size
-    if len(body) < at + size:
-        raise ValueError("shorter than its request")
-    request = request_type.FromString(view[at : at + size])
-    at += size
-    seen = set()
-    for _ in range(count):
-        if len(body) < at + _RAW.size:
-            raise ValueError("shorter than its arrays")
-        field, n = _RAW.unpack_from(body, at)
-        at += _RAW.size
-        name = FIELDS.get(field)
-        if name not in _RAW_FIELDS[rpc] or name in seen:
-            raise ValueError(f"raw array field {field} not expected in a {rpc}")
-        if len(body) < at + n:
-            raise ValueError(f"shorter than its {name}")
-        seen.add(name)
-        getattr(request, name).data = bytes(view[at : at + n])
-        at += n
-    if at != len(body):
-        raise ValueError(f"{len(body) - at} bytes after its arrays")
+    request, raw = _read_arrays(view, at, request_type, _RAW_FIELDS[rpc])
+    for name, data in raw.items():  # the handler and the backup read the protobuf
+        getattr(request, name).data = bytes(data)
     return rpc, request, rid
+
+
+class RawArray:
+    """An ``Array`` whose bytes stayed in the frame they came in (``from_array`` reads it)."""
+
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, data: memoryview, meta: pb.Array) -> None:
+        self.data, self.dtype, self.shape = data, meta.dtype, tuple(meta.shape)
+
+
+class RawAnswer:
+    """A pull's answer from the lane: the ``PullResponse``'s fields, its arrays as
+    :class:`RawArray` views of the answer's bytes (no copy)."""
+
+    def __init__(self, message: Message, raw: dict[str, memoryview]) -> None:
+        self._message = message
+        for name, data in raw.items():
+            setattr(self, name, RawArray(data, getattr(message, name)))
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["_message"], name)
 
 
 class Payload:
@@ -400,6 +451,8 @@ class DirectLink:
             raise DirectError(None, "direct lane: the shard closed the connection")
         if status == 0:
             return answer.FromString(body)
+        if status == _RAW_ANSWER:
+            return parse_answer(body, answer)
         code, _, message = bytes(body).decode(errors="replace").partition("\n")
         raise DirectError(code, message)
 

@@ -26,7 +26,7 @@ from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.requests import STATS, RequestStatsInterceptor
 from ps_server.shard import snapshot
 from ps_server.shard.cut import Cut
-from ps_server.shard.direct import DirectServer
+from ps_server.shard.direct import DirectServer, Payload
 from ps_server.shard.replica import MUTATIONS, REQUEST_ID_KEY, Replica, digest, request_id
 from ps_server.shard.tensors import ShardMemory, Tensor
 from ps_server.wire import (
@@ -199,15 +199,20 @@ class ShardServicer(pb_grpc.ShardServicer):
     @_guard
     @_replicated(_pull_creates_rows)
     def Pull(self, request, context):
+        keys, values = self._pull(request)
+        answer = pb.PullResponse(values=to_array(values))
+        if keys is not None:
+            answer.keys.CopyFrom(to_array(keys))
+        return answer
+
+    def _pull(self, request: pb.PullRequest) -> tuple[np.ndarray | None, np.ndarray]:
+        """(keys when the shard chose them (a sparse by-range pull) else None, values)."""
         t = self.tensor(request.model)
         if request.by_range:
-            keys, values = t.pull_range(request.start, request.stop, request.slot)
-            if keys is None:  # dense: the keys are the range asked for
-                return pb.PullResponse(values=to_array(values))
-            return pb.PullResponse(values=to_array(values), keys=to_array(keys))
+            return t.pull_range(request.start, request.stop, request.slot)
         what = f"Pull from {t.where} on shard {self.index}"
         keys = t.check_keys(from_array(request.keys, what), what)
-        return pb.PullResponse(values=to_array(t.pull(keys, request.slot)))
+        return None, t.pull(keys, request.slot)
 
     @_guard
     @_replicated()
@@ -263,10 +268,18 @@ class ShardServicer(pb_grpc.ShardServicer):
 
     def direct_rpc(self, rpc: str, request, request_id: str):
         """A ``Pull`` or ``Push`` from the direct lane: the gRPC handler itself runs it (the
-        same checks, replication and remembered answers under `request_id`)."""
+        same checks, replication and remembered answers under `request_id`); a pull that
+        changes nothing answers its arrays raw (:class:`Payload`), as the same reads."""
         t, ok = time.perf_counter(), False
         try:
-            answer = getattr(self, rpc)(request, _LaneContext(request_id))
+            if rpc == "Pull" and not _pull_creates_rows(self, request):  # a read: raw answer
+                if self.replica is not None:
+                    self.replica.check_serving()
+                keys, values = self._pull(request)
+                arrays = {"values": values} if keys is None else {"values": values, "keys": keys}
+                answer = Payload(pb.PullResponse(), **arrays)
+            else:
+                answer = getattr(self, rpc)(request, _LaneContext(request_id))
             ok = True
             return answer
         finally:
