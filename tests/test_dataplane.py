@@ -9,6 +9,8 @@ with the combining ones.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -177,12 +179,12 @@ def test_hash_index_matches_a_dict_across_growth():
     np.testing.assert_array_equal(index.keys(), list(ref))
 
 
-def test_hash_index_lookup_by_table_regions_equals_the_plain_probe():
+def test_hash_index_lookup_of_many_keys_in_any_order():
     rng = np.random.default_rng(8)
     keys = rng.choice(2**62, size=70_000, replace=False).astype(np.int64)
     index = HashIndex.from_keys(keys)
     asked = np.concatenate([keys[::-1], rng.integers(2**62, I64.max, size=1000), keys[:5]])
-    got = index.lookup(asked)  # large enough to be probed region by region
+    got = index.lookup(asked)
     want = np.concatenate([np.arange(keys.size)[::-1], np.full(1000, -1), np.arange(5)])
     np.testing.assert_array_equal(got, want)
 
@@ -269,6 +271,38 @@ def test_unique_fast_paths_equal_the_combining_paths(ps, small_chunks, kind):
     np.testing.assert_array_equal(b.pull(dup, unique=True), np.tile(values[:10] + 1.0 + 1.0, 2))
     a.drop()
     b.drop()
+
+
+@pytest.mark.parametrize("repeats", [0.002, 0.5])
+def test_calls_with_few_repeats_skip_the_combine_and_still_equal_add_at(ps, repeats):
+    """A large call whose keys barely repeat is sent as it is (the shards sum a push's
+    repeats in order, a pull's are answered each); one with many is combined first. Both
+    equal np.add.at, pulls in the request's order."""
+    from spark_ps import PSVector
+    from spark_ps.client.client import _few_repeats
+
+    rng = np.random.default_rng(11)
+    n = 100_000
+    keys = rng.choice(2**40, size=n, replace=False).astype(np.int64)
+    m = int(repeats * n)
+    seen = np.linspace(0, n - 1, math.isqrt(20 * n)).astype(np.int64)  # what it samples
+    free = np.setdiff1d(np.arange(n), seen) if repeats < 0.1 else np.arange(n)
+    keys[rng.choice(free, m, replace=False)] = keys[rng.choice(free, m)]  # 200 or 50k repeats
+    assert _few_repeats(keys) == (repeats < 0.1)
+    values = rng.normal(size=(n, 1))
+    v = PSVector.sparse(2**40)
+    v.increment(keys, values[:, 0])
+    v.increment(keys[:1000], values[:1000, 0])
+    ref_k, ref_v = _reference(
+        np.concatenate([keys, keys[:1000]]), np.concatenate([values, values[:1000]])
+    )
+    asked = keys[::-1]
+    want = ref_v[np.searchsorted(ref_k, asked)].reshape(-1)
+    if keys_jit.available():
+        np.testing.assert_array_equal(v.pull(asked), want)
+    else:
+        np.testing.assert_allclose(v.pull(asked), want, rtol=1e-12, atol=1e-12)
+    v.drop()
 
 
 def test_exactly_once_contributions_with_the_unique_path(ps, small_chunks):
