@@ -133,8 +133,8 @@ class DirectServer:
 
     `handle(request)` answers a ``CallRequest`` (it must refuse what the lane may not
     serve); `serve(rpc, request, request_id)` answers a pull or push (:data:`RPCS`; None:
-    the lane serves calls only). Both raise :class:`RequestError` to refuse. `where` names
-    the server in messages.
+    the lane serves calls only) with its answer message, or a :class:`Payload` whose arrays
+    go raw. Both raise :class:`RequestError` to refuse. `where` names the server in messages.
     """
 
     def __init__(
