@@ -95,7 +95,7 @@ def from_array(msg: pb.Array, what: str, *, ndim: tuple[int, ...] | None = None)
 
 
 #: What a primary's forward adds around a client request it accepted (method name, request
-#: id, field tags): its backup allows that much over the limit on Replicate.
+#: id, field tags): its backup allows that much over the limit on Replicate(Batch).
 FORWARD_ENVELOPE_BYTES = 4096
 
 
@@ -203,8 +203,8 @@ class RequestLimitInterceptor(grpc.ServerInterceptor):
         if self.limit <= 0 or handler is None or handler.unary_unary is None:
             return handler
         parse, serve, limit = handler.request_deserializer, handler.unary_unary, self.limit
-        if handler_call_details.method.endswith("/Replicate"):
-            limit += FORWARD_ENVELOPE_BYTES  # a request the primary accepted, wrapped
+        if handler_call_details.method.endswith(("/Replicate", "/ReplicateBatch")):
+            limit += FORWARD_ENVELOPE_BYTES  # requests the primary accepted, wrapped
         what = f"{self.where}: {handler_call_details.method.rsplit('/', 1)[-1]}"
 
         def deserialize(raw: bytes):

@@ -277,6 +277,11 @@ class _ShardStub:
         self.world, self.address = world, address
         self.Replicate = _Replicate(world, address)
 
+    def ReplicateBatch(self, batch, metadata=None, timeout=None):  # noqa: N802
+        for request in batch.requests:  # a seed's catch-up replay, in order
+            self.Replicate(request)
+        return pb.Ack(value=len(batch.requests))
+
     def Seed(self, chunks, metadata=None, timeout=None):  # noqa: N802 - the RPC's name
         self.world.point(f"seed {self.address}")
         return self.world.call(self.address, lambda rep: pb.Ack(value=rep.seed(chunks)))

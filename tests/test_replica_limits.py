@@ -145,3 +145,20 @@ def test_seeding_a_large_backup_does_not_freeze_writes_and_loses_none():
         c.close()
         svc.stop_event.set()
         supervisor.join(30)
+
+
+def test_a_seeds_catch_up_is_replayed_in_order_in_groups_below_the_limit():
+    """The mutations logged while a seed streamed go to the new backup many per call, in
+    their order, each call below the request limit; one bigger than it goes alone."""
+    from ps_server.shard.replica import replay_groups
+
+    log = [
+        pb.ReplicateRequest(method="Push", request=b"x" * size, request_id=f"r{i}", seq=i)
+        for i, size in enumerate([100, 100, 100, 5000, 100, 0, 100])
+    ]
+    groups = list(replay_groups(log, limit=400))
+    assert [r.seq for g in groups for r in g] == list(range(7))  # all, in order
+    assert [len(g) for g in groups] == [3, 1, 3]
+    for g in groups:
+        assert len(g) == 1 or pb.ReplicateRequests(requests=g).ByteSize() <= 400
+    assert list(replay_groups([], 400)) == []

@@ -94,6 +94,11 @@ class ShardStub:
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.ReplicateRequest.SerializeToString,
                 response_deserializer=ps__server_dot_proto_dot_ps__pb2.ReplicateResponse.FromString,
                 _registered_method=True)
+        self.ReplicateBatch = channel.unary_unary(
+                '/spark_ps.Shard/ReplicateBatch',
+                request_serializer=ps__server_dot_proto_dot_ps__pb2.ReplicateRequests.SerializeToString,
+                response_deserializer=ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
+                _registered_method=True)
         self.Seed = channel.stream_unary(
                 '/spark_ps.Shard/Seed',
                 request_serializer=ps__server_dot_proto_dot_ps__pb2.SeedChunk.SerializeToString,
@@ -186,6 +191,13 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicateBatch(self, request, context):
+        """A seed's catch-up: mutations logged while the snapshot streamed, applied in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Seed(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -266,6 +278,11 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.Replicate,
                     request_deserializer=ps__server_dot_proto_dot_ps__pb2.ReplicateRequest.FromString,
                     response_serializer=ps__server_dot_proto_dot_ps__pb2.ReplicateResponse.SerializeToString,
+            ),
+            'ReplicateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicateBatch,
+                    request_deserializer=ps__server_dot_proto_dot_ps__pb2.ReplicateRequests.FromString,
+                    response_serializer=ps__server_dot_proto_dot_ps__pb2.Ack.SerializeToString,
             ),
             'Seed': grpc.stream_unary_rpc_method_handler(
                     servicer.Seed,
@@ -607,6 +624,33 @@ class Shard:
             '/spark_ps.Shard/Replicate',
             ps__server_dot_proto_dot_ps__pb2.ReplicateRequest.SerializeToString,
             ps__server_dot_proto_dot_ps__pb2.ReplicateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spark_ps.Shard/ReplicateBatch',
+            ps__server_dot_proto_dot_ps__pb2.ReplicateRequests.SerializeToString,
+            ps__server_dot_proto_dot_ps__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,

@@ -94,6 +94,8 @@ _WINDOW_BYTES = 256 << 20
 _SEED_CHUNK = 4 << 20
 #: Mutations logged during a seed that are replayed with the lock held (the rest before).
 _CATCH_UP_UNDER_LOCK = 64
+#: Bytes of logged mutations replayed per call when the shard has no request limit.
+_REPLAY_BYTES = 64 << 20
 #: Forwards are client requests the primary accepted: the backup (same --max-request-mb,
 #: plus FORWARD_ENVELOPE_BYTES on Replicate) is the one to refuse, not this channel.
 _OPTIONS = [
@@ -125,6 +127,23 @@ def request_id(context: grpc.ServicerContext | None) -> str:
         if key == REQUEST_ID_KEY:
             return value
     return ""
+
+
+def replay_groups(
+    batch: list[pb.ReplicateRequest], limit: int
+) -> Iterator[list[pb.ReplicateRequest]]:
+    """`batch` in order, cut into groups of at most `limit` serialized bytes (a request
+    bigger than that alone: a forward may pass the limit by its envelope)."""
+    group, size = [], 0
+    for req in batch:
+        n = req.ByteSize() + 16  # its field tag and length in the batch, generously
+        if group and size + n > limit:
+            yield group
+            group, size = [], 0
+        group.append(req)
+        size += n
+    if group:
+        yield group
 
 
 class Replica:
@@ -455,12 +474,18 @@ class Replica:
 
     def _catch_up(self, stub: pb_grpc.ShardStub, address: str) -> int:
         """Replay the mutations logged since the cut, in order: rounds with no lock held
-        while the log is long, the rest under the lock, which then turns forwarding on.
-        Returns our seq at that moment: the backup has applied every mutation up to it."""
+        while the log is long and shrinking, the rest under the lock, which then turns
+        forwarding on. Returns our seq at that moment: the backup has applied every mutation
+        up to it. A log that did not halve in a round (writes arrive as fast as they are
+        replayed, one at a time) is replayed under the lock at once: otherwise the rounds
+        could go on as long as the writes do; writers then wait about one round."""
+        previous = None
         while True:
             with self.lock:
                 batch, self._log = self._log, []
-                if len(batch) <= _CATCH_UP_UNDER_LOCK:
+                stalled = previous is not None and len(batch) > previous // 2
+                previous = len(batch)
+                if len(batch) <= _CATCH_UP_UNDER_LOCK or stalled:
                     self._replay(stub, batch)
                     self._log = None
                     self._set_backup(address)
@@ -468,8 +493,12 @@ class Replica:
             self._replay(stub, batch)
 
     def _replay(self, stub: pb_grpc.ShardStub, batch: list[pb.ReplicateRequest]) -> None:
-        for req in batch:
-            stub.Replicate(req, metadata=self._md, timeout=FORWARD_SECONDS)
+        """Send `batch` in order, many per call: one call per mutation is slower than the
+        writes a busy client makes, and the log would not shrink."""
+        for group in replay_groups(batch, self.max_request_bytes or _REPLAY_BYTES):
+            stub.ReplicateBatch(
+                pb.ReplicateRequests(requests=group), metadata=self._md, timeout=FORWARD_SECONDS
+            )
 
     def _connect(self, address: str) -> tuple[grpc.Channel | None, pb_grpc.ShardStub]:
         """A channel to a backup and its stub (the protocol harness replaces this)."""

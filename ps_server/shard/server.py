@@ -339,6 +339,13 @@ class ShardServicer(pb_grpc.ShardServicer):
         return self._replica().replicate(request, _HANDLERS)
 
     @_guard
+    def ReplicateBatch(self, request, context):
+        rep = self._replica()
+        for r in request.requests:
+            rep.replicate(r, _HANDLERS)
+        return pb.Ack(value=len(request.requests))
+
+    @_guard
     def Seed(self, request_iterator, context):
         return pb.Ack(value=self._replica().seed(request_iterator))
 
