@@ -78,16 +78,17 @@ def _stages(spec, op: str, keys: np.ndarray, values: np.ndarray, repeat: int) ->
     from ps_server.shard.direct import Payload, parse_answer, parse_typed, typed_body, with_arrays
     from ps_server.shard.tensors import Tensor
     from ps_server.wire import from_array
-    from spark_ps.client.client import _span
+    from spark_ps.client.client import _few_repeats, _span
 
     span = _span(spec, keys)
     if span is not None:
         return _range_stages(spec, op, keys, values, span, repeat)
 
-    def prepare():
-        if op == "push" and not is_strictly_increasing(keys):
+    def prepare():  # as the client decides (spark_ps.client.client.PSClient.push / pull)
+        plain = is_strictly_increasing(keys) or _few_repeats(keys)
+        if op == "push" and not plain:
             return spec.combine(keys, values)
-        if op == "pull" and not is_strictly_increasing(keys):
+        if op == "pull" and not plain:
             uniq, offsets, _ = spec.dedup(keys)
             return uniq, values[: uniq.size], offsets
         order, offsets = spec.group(keys)
