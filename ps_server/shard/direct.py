@@ -8,7 +8,7 @@ side by side). The layer's work on the shard is ~0.5 ms, so gRPC was most of the
 pulls and pushes pay gRPC's copies per byte: a 16 MB push spent ~20 ms in gRPC's transport
 against ~3 ms on the socket (``python -m bench.ps``).
 
-What travels is the same protobuf request and answer as on gRPC, framed::
+What travels is the same protobuf messages as on gRPC, their big arrays aside, framed::
 
     Call      b"PSD1", u32 token length, token, u64 length, CallRequest
     Pull/Push b"PSD2", u32 token length, token, u64 length,
@@ -21,10 +21,13 @@ What travels is the same protobuf request and answer as on gRPC, framed::
 A pull's keys, a push's keys and values, and a pull's answer travel after their message as
 raw little-endian bytes (dtype and shape in the message's ``Array`` fields), sent straight
 from numpy arrays and read in place: encoding a 16 MB push into a protobuf copied it twice.
+A client has one request in flight per connection (two could block both ends on full
+socket buffers: the shard writing an answer, the client writing the next request).
 
-The shard answers exactly as on gRPC: a pull or push runs the servicer's own handler, so it
-is replicated to the backup before it is acknowledged and remembered under its request id
-(a retry, on the lane or on gRPC, gets the first answer: ``ps_server.shard.replica``). A
+The shard answers exactly as on gRPC: a push, or a pull that creates rows, runs the
+servicer's own handler, so it is replicated to the backup before it is acknowledged and
+remembered under its request id (a retry, on the lane or on gRPC, gets the first answer:
+``ps_server.shard.replica``); a pull that only reads makes the same checks and reads. A
 ``Call`` is served only for functions that change no model state (those a module lists in
 ``READ_ONLY``, no models): those need no replication and no request ids, so a resent call
 is harmless; any other is refused. A frame with a bad token, over the request limit or not
