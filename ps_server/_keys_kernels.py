@@ -193,20 +193,22 @@ def route(keys, num_shards, bounds, dense, order, offsets):
 
 
 @njit(nogil=True, cache=True)
-def lookup(slot_keys, slot_rows, keys, out):
-    """out[i] = row of keys[i] in a HashIndex table (slot key -1: empty), else -1, probing
-    linearly from its home slot. In input order: spreading the keys by table region first
+def lookup(table, keys, out):
+    """out[i] = row of keys[i] in a HashIndex table (``[cap, 2]``: key, row; key -1 is an
+    empty slot), else -1, probing linearly from its home slot. A slot's key and row share
+    a cache line: one miss per key, not two (measured 1.2-1.7x faster at 1M keys than
+    separate key and row arrays). In input order: spreading the keys by table region first
     (a radix pass) measured 1.3-1.8x slower at 1M keys, idle or loaded."""
-    mask = slot_keys.size - 1
+    mask = table.shape[0] - 1
     umask = np.uint64(mask)
     for j in range(keys.size):
         k = keys[j]
         s = np.int64(_mix(k) & umask)
         row = -1
         while True:
-            found = slot_keys[s]
+            found = table[s, 0]
             if found == k:
-                row = slot_rows[s]
+                row = table[s, 1]
                 break
             if found == -1:
                 break
@@ -215,25 +217,25 @@ def lookup(slot_keys, slot_rows, keys, out):
 
 
 @njit(nogil=True, cache=True)
-def insert(slot_keys, slot_rows, row_keys, n, keys, rows, start):
+def insert(table, row_keys, n, keys, rows, start):
     """Find or insert keys[start:], numbering new rows n, n+1, ...; stops before an insert
     that would put the table above load 0.5. Returns (position reached, rows held)."""
-    cap = slot_keys.size
+    cap = table.shape[0]
     mask = cap - 1
     umask = np.uint64(mask)
     for i in range(start, keys.size):
         k = keys[i]
         s = np.int64(_mix(k) & umask)
         while True:
-            found = slot_keys[s]
+            found = table[s, 0]
             if found == k:
-                rows[i] = slot_rows[s]
+                rows[i] = table[s, 1]
                 break
             if found == -1:
                 if 2 * (n + 1) > cap:
                     return i, n
-                slot_keys[s] = k
-                slot_rows[s] = n
+                table[s, 0] = k
+                table[s, 1] = n
                 row_keys[n] = k
                 rows[i] = n
                 n += 1

@@ -146,16 +146,16 @@ def route_order(
     return (None if identity else order), offsets
 
 
-def table_lookup(slot_keys: np.ndarray, slot_rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Row of each key in a linear-probing table on ``mix64(key) & mask``; -1 where absent."""
+def table_lookup(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Row of each key in a linear-probing table (``[cap, 2]``: key, row) on
+    ``mix64(key) & mask``; -1 where absent."""
     out = np.empty(keys.size, dtype=np.int64)
-    _kernels().lookup(slot_keys, slot_rows, keys, out)
+    _kernels().lookup(table, keys, out)
     return out
 
 
 def table_insert(
-    slot_keys: np.ndarray,
-    slot_rows: np.ndarray,
+    table: np.ndarray,
     row_keys: np.ndarray,
     n: int,
     keys: np.ndarray,
@@ -164,7 +164,7 @@ def table_insert(
 ) -> tuple[int, int]:
     """Find or insert keys[start:] (rows numbered n, n+1, ... by first occurrence) until
     the table would pass load 0.5; returns (next position, rows now held)."""
-    return _kernels().insert(slot_keys, slot_rows, row_keys, n, keys, rows, start)
+    return _kernels().insert(table, row_keys, n, keys, rows, start)
 
 
 def scatter_add(arr: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:

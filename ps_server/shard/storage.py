@@ -67,8 +67,9 @@ class HashIndex:
         cap = 16
         while cap < capacity:
             cap *= 2
-        self._slot_keys = np.full(cap, _EMPTY, dtype=np.int64)
-        self._slot_rows = np.full(cap, _EMPTY, dtype=np.int64)
+        # slot s: its key at [s, 0] (-1: empty) and its row at [s, 1], side by side so
+        # that a probe touches one cache line
+        self._table = np.full((cap, 2), _EMPTY, dtype=np.int64)
         self._keys = np.empty(cap // 2, dtype=np.int64)
         self._n = 0
 
@@ -76,13 +77,23 @@ class HashIndex:
         return self._n
 
     @property
+    def _slot_keys(self) -> np.ndarray:
+        """Each slot's key (-1: empty), a view of the table."""
+        return self._table[:, 0]
+
+    @property
+    def _slot_rows(self) -> np.ndarray:
+        """Each slot's row id, a view of the table."""
+        return self._table[:, 1]
+
+    @property
     def capacity(self) -> int:
         """Number of hash slots (a power of two)."""
-        return int(self._slot_keys.size)
+        return int(self._table.shape[0])
 
     @property
     def nbytes(self) -> int:
-        return int(self._slot_keys.nbytes + self._slot_rows.nbytes + self._keys.nbytes)
+        return int(self._table.nbytes + self._keys.nbytes)
 
     def keys(self) -> np.ndarray:
         """All keys in row order (a copy)."""
@@ -97,7 +108,7 @@ class HashIndex:
         """Row id of each key, -1 where absent."""
         k = _int_keys(keys, "HashIndex.lookup")
         if keys_jit.available():
-            return keys_jit.table_lookup(self._slot_keys, self._slot_rows, k)
+            return keys_jit.table_lookup(self._table, k)
         out = np.full(k.size, _EMPTY, dtype=np.int64)
         mask = self.capacity - 1
         active = np.arange(k.size, dtype=np.int64)
@@ -158,13 +169,12 @@ class HashIndex:
         while 2 * n > cap:
             cap *= 2
         old = self._keys[: self._n]
-        self._slot_keys = np.full(cap, _EMPTY, dtype=np.int64)
-        self._slot_rows = np.full(cap, _EMPTY, dtype=np.int64)
+        self._table = np.full((cap, 2), _EMPTY, dtype=np.int64)
         self._keys = np.empty(cap // 2, dtype=np.int64)
         self._keys[: self._n] = old
         if keys_jit.available():  # distinct keys, inserted in row order: row i stays row i
             rows = np.empty(self._n, dtype=np.int64)
-            keys_jit.table_insert(self._slot_keys, self._slot_rows, self._keys, 0, old, rows, 0)
+            keys_jit.table_insert(self._table, self._keys, 0, old, rows, 0)
             return
         slots, _ = self._probe_insert(old)
         self._slot_rows[slots] = np.arange(self._n, dtype=np.int64)
@@ -205,9 +215,7 @@ class HashIndex:
         rows = np.empty(k.size, dtype=np.int64)
         before, at = self._n, 0
         while True:
-            at, self._n = keys_jit.table_insert(
-                self._slot_keys, self._slot_rows, self._keys, self._n, k, rows, at
-            )
+            at, self._n = keys_jit.table_insert(self._table, self._keys, self._n, k, rows, at)
             if at == k.size:
                 return rows, self._n - before
             self._grow_to(self._n + 1)
