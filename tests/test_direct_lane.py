@@ -21,6 +21,7 @@ from ps_server.proto import ps_pb2 as pb
 from ps_server.shard.direct import MAGIC, TYPED, DirectError, DirectLink
 from ps_server.wire import TOKEN_KEY, to_array
 from spark_ps.client import PSError, get_client
+from spark_ps.client.client import LANES_PER_SHARD
 from spark_ps.models import PSVector
 
 
@@ -175,7 +176,8 @@ def test_garbage_oversized_and_truncated_frames(client, ps):
         body = struct.pack("<BH", rpc, 2) + b"r1" + struct.pack("<IB", len(head), len(raws)) + head
         for i, (field, data) in enumerate(raws):
             claimed = len(data) + (cut if i == len(raws) - 1 else 0)
-            body += struct.pack("<BQ", field, claimed) + data
+            body += struct.pack("<BQ", field, claimed)
+            body += bytes(-len(body) % 8) + data  # arrays start at 8-byte body offsets
         body += tail
         return typed + struct.pack("<Q", len(body)) + body
 
@@ -301,7 +303,8 @@ def test_stalled_unauthenticated_connections_are_bounded_and_closed():
 def test_one_request_in_flight_per_connection(client, monkeypatch):
     """A call split into several requests per shard sends the next request on a shard's
     connection only after reading the previous answer: two in flight could fill both
-    sockets' buffers (the shard writing an answer, the client writing a request) and hang."""
+    sockets' buffers (the shard writing an answer, the client writing a request) and hang.
+    The requests alternate over the thread's two connections to each shard."""
     events: list[tuple[int, str]] = []
     send, receive = DirectLink.send, DirectLink.receive
 
@@ -329,10 +332,12 @@ def test_one_request_in_flight_per_connection(client, monkeypatch):
     per_link: dict[int, list[str]] = {}
     for link, what in events:
         per_link.setdefault(link, []).append(what)
-    assert len(per_link) == client.num_shards
+    assert len(per_link) == LANES_PER_SHARD * client.num_shards
     for seq in per_link.values():
-        assert len(seq) >= 2 * 2 * 7  # a push and a pull of >= 7 requests each
+        assert len(seq) >= 2 * 2 * 3  # a push and a pull of >= 7 requests each, alternating
         assert seq == ["send", "recv"] * (len(seq) // 2), seq
+    in_flight = np.cumsum([1 if what == "send" else -1 for _, what in events])
+    assert in_flight.max() == LANES_PER_SHARD * client.num_shards  # both connections busy
     client.drop(t)
     client.close()
 
@@ -359,3 +364,24 @@ def test_an_answer_left_unread_by_an_error_is_never_read_as_another_s(client):
         client.pull(t, keys)
     np.testing.assert_array_equal(client.pull(other, keys), np.full(keys.size, 7.0))
     client.drop(other)
+
+
+@pytest.mark.parametrize("rid", ["", "r", "a-request-id-of-odd-length"])
+def test_frame_arrays_are_aligned_views_and_rebuild_the_request(rid):
+    """A pull or push frame's arrays start at 8-byte offsets of its body, so the shard reads
+    them in place as aligned arrays; the request rebuilt for a backup is the one sent."""
+    from ps_server.shard.direct import Payload, parse_typed, typed_body
+    from ps_server.wire import from_array
+
+    keys = np.array([5, 1, 2**40], np.int64)
+    values = np.arange(6, dtype=np.float32).reshape(3, 2)
+    sent = Payload(pb.PushRequest(model="m", op=pb.ADD, round=3), keys=keys, values=values)
+    body = bytearray(b"".join(bytes(p) for p in typed_body(sent, "Push", rid)))
+    base = np.frombuffer(body, np.uint8).ctypes.data
+    rpc, got, got_rid = parse_typed(body)
+    assert (rpc, got_rid, got.model, got.round) == ("Push", rid, "m", 3)
+    for arr, want in ((from_array(got.keys, "k"), keys), (from_array(got.values, "v"), values)):
+        np.testing.assert_array_equal(arr, want)
+        assert arr.flags.aligned and (arr.ctypes.data - base) % 8 == 0
+        assert not arr.flags.owndata  # a view of the frame: no copy
+    assert got.SerializeToString() == sent.message().SerializeToString()

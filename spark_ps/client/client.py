@@ -111,6 +111,8 @@ class _DirectCall:
         self._fallback, self._sent = fallback, False
         self._answer = pb.CallResponse if rpc == "Call" else _LANE_ANSWERS[rpc]
         self._request = (request, rpc, next((v for k, v in md if k == REQUEST_ID_KEY), ""))
+        #: the call to send on this connection once this one's answer is read
+        self.then: _DirectCall | None = None
         if not later:
             self._send()
 
@@ -132,18 +134,28 @@ class _DirectCall:
         if self._request is not None and not self._sent:  # sent `later`: now
             self._send()
         self._request = None
-        if self._sent:
-            try:
-                return self._link.receive(self._answer)
-            except DirectError as e:
-                if e.code is not None:
-                    raise _DirectRpcError(e.code, str(e)) from None
-                self._client._drop_link(self._shard)
+        try:
+            if self._sent:
+                try:
+                    return self._link.receive(self._answer)
+                except DirectError as e:
+                    if e.code is not None:
+                        raise _DirectRpcError(e.code, str(e)) from None
+                    self._client._drop_link(self._shard)
+        finally:  # the connection is free: the next request on it goes out while the
+            # caller reads other connections' answers
+            after, self.then = self.then, None
+            if after is not None and after._request is not None and not after._sent:
+                after._send()
         return self._fallback().result()
 
 
 #: RPCs that always take a shard's direct lane when it has one (and their answers' types).
 _LANE_ANSWERS = {name: answer for name, _, answer in direct_lane.RPCS.values()}
+#: Connections a thread keeps to each shard's lane: a call of several requests to a shard
+#: sends the next on the other connection while the shard applies one (the wire and the
+#: apply overlap instead of taking turns).
+LANES_PER_SHARD = 2
 
 
 def _dialled(url: str, address: str) -> str:
@@ -183,7 +195,8 @@ class PSClient:
         self._retired: list[tuple[float, grpc.Channel]] = []  # to closed shards, closing soon
         self._lock = threading.Lock()
         self._direct_ports: dict[str, int] = {}  # shard address -> direct lane port (0: none)
-        self._links = threading.local()  # per thread: shard address -> DirectLink
+        # per thread: shard address -> DirectLink ("links"; "spares": the second connection)
+        self._links = threading.local()
         self.coordinator = pb_grpc.CoordinatorStub(self._channel(address))
         self.epoch, self.restarts, self.shards = -1, -1, []
         self.refresh()
@@ -325,10 +338,14 @@ class PSClient:
         one (see `_DirectCall`)."""
         lane = rpc in _LANE_ANSWERS or (direct and rpc == "Call")
         if lane and not self.tls_ca and direct_lane.enabled():
-            out, busy = [], set()
+            out, count, last = [], {}, {}
             for i in pending:
                 shard, request = requests[i]
-                link = self._link(shard)
+                # A shard's requests alternate over LANES_PER_SHARD connections, so that the
+                # next one travels while the shard applies this one.
+                nth = count[shard] = count.get(shard, -1) + 1
+                which = nth % LANES_PER_SHARD
+                link = self._link(shard, which)
                 grpc_call = functools.partial(self._send, rpc, requests, mds, [i])
                 if link is None:
                     out.extend(grpc_call())
@@ -336,10 +353,15 @@ class PSClient:
                     # One request in flight per connection: a second one sent before the
                     # first's answer is read could block both ends on full socket buffers
                     # (the shard writing its answer, the client writing the next request).
-                    later = shard in busy
-                    busy.add(shard)
+                    # A later one goes out when the one before it on its connection is read.
+                    before = last.get((shard, which))
                     fallback = lambda g=grpc_call: g()[0][1]  # noqa: E731
-                    call = _DirectCall(self, shard, link, request, rpc, mds[i], fallback, later)
+                    call = _DirectCall(
+                        self, shard, link, request, rpc, mds[i], fallback, before is not None
+                    )
+                    if before is not None:
+                        before.then = call
+                    last[shard, which] = call
                     out.append((i, call))
             return out
         if len(pending) == 1:
@@ -356,10 +378,11 @@ class PSClient:
             for i in pending
         ]
 
-    def _link(self, shard: int) -> DirectLink | None:
-        """This thread's connection to `shard`'s direct lane (None: the shard has none)."""
+    def _link(self, shard: int, which: int = 0) -> DirectLink | None:
+        """This thread's connection `which` (0 or 1, see `LANES_PER_SHARD`) to `shard`'s
+        direct lane (None: the shard has none)."""
         address = self.addresses[shard]
-        links = self._links.__dict__.setdefault("links", {})
+        links = self._links.__dict__.setdefault("links" if which == 0 else "spares", {})
         link = links.get(address)
         if link is None:
             port = self._direct_ports.get(address)
@@ -382,9 +405,10 @@ class PSClient:
         """Forget this thread's broken connection to `shard`'s lane (the next call reconnects,
         asking the shard map again if the shard moved)."""
         address = self.addresses[shard]
-        link = self._links.__dict__.get("links", {}).pop(address, None)
-        if link is not None:
-            link.close()
+        for kind in ("links", "spares"):
+            link = self._links.__dict__.get(kind, {}).pop(address, None)
+            if link is not None:
+                link.close()
         self._direct_ports.pop(address, None)
 
     def _check_size(self, nbytes: int, rpc: str, shard: int | None = None) -> None:
@@ -922,6 +946,9 @@ class PSClient:
         self._coord("Shutdown", pb.Empty())
 
     def close(self) -> None:
+        for kind in ("links", "spares"):  # this thread's lane connections
+            for link in self._links.__dict__.pop(kind, {}).values():
+                link.close()
         with self._lock:
             for ch in [*self._channels.values(), *(ch for _, ch in self._retired)]:
                 ch.close()
