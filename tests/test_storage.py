@@ -333,3 +333,21 @@ def test_contributions_copy_on_put():
     c.put(0, 0, 0, keys, vals)
     vals[:] = 100.0
     assert c.reduce(0)[1].tolist() == [1.0, 2.0]
+
+
+def test_contributions_keep_read_only_arrays_and_copy_writable_ones():
+    """A request's arrays are read-only views of its bytes: kept as they are. Writable
+    arrays are copied, so that the caller changing them later changes no contribution."""
+    c = Contributions()
+    keys, values = np.arange(4), np.ones((4, 1))
+    c.put(0, 0, 0, keys, values)
+    keys[:], values[:] = 9, 5.0  # the caller reuses its arrays
+    k, v = c.reduce(0)
+    assert k.tolist() == [0, 1, 2, 3] and v.ravel().tolist() == [1.0] * 4
+    frame = np.arange(4, dtype=np.int64).tobytes() + np.full(4, 2.0).tobytes()
+    rk = np.frombuffer(frame, np.int64, 4)
+    rv = np.frombuffer(frame, np.float64, 4, offset=32).reshape(4, 1)
+    c.put(1, 0, 0, rk, rv)
+    ((kept_k, kept_v),) = c.entries(1)
+    assert np.shares_memory(kept_k, rk) and np.shares_memory(kept_v, rv)  # no copy
+    assert c.reduce(1)[1].ravel().tolist() == [2.0] * 4

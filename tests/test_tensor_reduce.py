@@ -67,3 +67,36 @@ def test_a_refused_reduce_leaves_model_and_round_as_they_were():
     assert t.contributions.parts(3) == {0}
     k, v = t.contributions.reduce(3)
     assert np.array_equal(k, big) and np.all(v == 1.0)
+
+
+@pytest.mark.parametrize("dtype,cols", [("float64", 1), ("float32", 3)])
+def test_a_zero_first_dense_sum_in_place_has_the_bits_of_combining_first(dtype, cols, monkeypatch):
+    """A zero-first ADD reduce of a dense slice adds each contribution into the zeroed
+    weights in (part, chunk) order: the same bits as summing them in a buffer first and
+    adding that to zeros (the general path), duplicates, -0.0 and arrival order included."""
+    n, off = 5000, 1000
+
+    def run(general: bool) -> tuple[np.ndarray, np.ndarray]:
+        spec = pb.ModelSpec(
+            name="g", kind="dense", dim=n + off, cols=cols, dtype=dtype, offset=off, length=n
+        )
+        t = Tensor.create(spec)
+        t.push(np.arange(off, off + n), np.full((n, cols), 3.0, dtype), pb.SET)
+        if general:
+            monkeypatch.setattr(Tensor, "_sum_in_place", lambda self, entries: False)
+        r = np.random.default_rng(11)
+        for part, chunk in [(1, 0), (0, 0), (1, 1), (0, 1)]:  # arrives out of order
+            k = r.integers(off, off + n // 2, size=3000)  # duplicates; half the rows untouched
+            scale = 10.0 ** r.integers(-8, 8, k.size)[:, None]  # sums that round
+            v = (r.normal(size=(k.size, cols)) * scale).astype(dtype)  # as a push's, checked
+            v[:5] = -0.0
+            t.contribute(2, part, chunk, k, v)
+        assert t.reduce(2, pb.ADD, zero_first=True) == 2
+        monkeypatch.undo()
+        assert t.contributions.rounds() == []
+        return t.store.slot("w")[:n].copy(), t.pull(np.arange(off, off + n), "")
+
+    fast, pulled = run(general=False)
+    slow, _ = run(general=True)
+    assert np.array_equal(fast.view(np.uint8), slow.view(np.uint8))  # bit for bit
+    assert np.all(fast[n // 2 :] == 0) and np.array_equal(pulled, fast)

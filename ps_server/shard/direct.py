@@ -372,7 +372,7 @@ def parse_answer(body: bytearray, kind: type[Message]) -> RawMessage:
 def parse_typed(body: bytearray) -> tuple[str, RawMessage, str]:
     """A typed frame's body: (rpc, request with its arrays left in the frame, request id);
     ValueError naming what is wrong when it is not one."""
-    view = memoryview(body)
+    view = memoryview(body).toreadonly()  # nothing writes a request's arrays (see put)
     if len(body) < _TYPED.size:
         raise ValueError("shorter than its header")
     code, rid_len = _TYPED.unpack_from(body)

@@ -342,6 +342,9 @@ class Tensor:
         with self.lock:
             parts = self.contributions.parts(round_)
             entries = self.contributions.entries(round_)
+            if zero_first and op == pb.ADD and how != "max" and self._sum_in_place(entries):
+                self.contributions.drop_before(round_ + 1)
+                return len(parts)
             if self.spec.kind == "dense":
                 keys, values = self._combine_dense(entries, how)
             elif how == "max":
@@ -355,6 +358,21 @@ class Tensor:
                     self._apply(keys, values.astype(self.store.dtype, copy=False), op)
             self.contributions.drop_before(round_ + 1)
         return len(parts)
+
+    def _sum_in_place(self, entries) -> bool:
+        """A dense slice's zero-first sum, straight into the weights: zeroed, then each
+        contribution added in (part, chunk) order, which gives the bits that combining them
+        first and adding the sums to zeros gives, without the buffer, its gather and the
+        second scatter. False (nothing done) where that path does not apply."""
+        w = self.store.slot("w") if self.spec.kind == "dense" else None
+        if w is None or w.dtype.name not in ("float64", "float32") or not keys_jit.available():
+            return False
+        rows = [(k - self.spec.offset, np.ascontiguousarray(v, dtype=w.dtype)) for k, v in entries]
+        cols = w.shape[1]
+        w.fill(0.0)
+        for r, v in rows:
+            keys_jit.scatter_add(w, r, v.reshape(-1, cols))
+        return True
 
     def _combine_dense(self, entries, how: str) -> tuple[np.ndarray, np.ndarray]:
         n, off = self.spec.length, self.spec.offset
