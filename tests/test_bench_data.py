@@ -17,7 +17,9 @@ from bench.datagen import (  # noqa: E402
     _sorted_rows,
     data_dir,
     dense_features,
+    dense_gbt_arrays,
     flights_ctr,
+    gbt_dataset,
     nycflights,
     nycflights_frame,
     synthetic_ctr,
@@ -227,3 +229,48 @@ def test_vector_struct_accepted_by_spark(spark):
     row = synthetic_ctr(spark, 1, 8, nnz=3, seed=0).first()
     assert isinstance(row.features, SparseVector) and row.features.size == 256
     assert row.features.values.sum() == 3.0 and (row.features.indices < 256).all()
+
+
+@needs_data
+@pytest.mark.parametrize(
+    "name,n_features", [("nycflights", 24), ("nycflights-wide", 51), ("dense80", 80)]
+)
+def test_gbt_datasets_give_spark_the_rows_of_their_arrays(spark, name, n_features):
+    """Every GBT bench dataset: complete dense matrices, binary labels, and Spark
+    DataFrames holding exactly the arrays' rows (what LightGBM/XGBoost train on)."""
+    train, test, arrays = gbt_dataset(spark, name, max_rows=300)
+    assert (
+        arrays["X_train"].shape == (300, n_features) and len(arrays["feature_names"]) == n_features
+    )
+    assert np.isfinite(arrays["X_train"]).all() and np.isfinite(arrays["X_test"]).all()
+    assert set(np.unique(arrays["y_train"])) == {0.0, 1.0}
+    from pyspark.ml.functions import vector_to_array
+
+    for df, x, y in (
+        (train, arrays["X_train"], arrays["y_train"]),
+        (test, arrays["X_test"], arrays["y_test"]),
+    ):
+        got = df.select(vector_to_array("features").alias("f"), "label").toArrow()
+        feats = got.column("f").combine_chunks().flatten().to_numpy()
+        np.testing.assert_array_equal(feats.reshape(-1, n_features), x)
+        np.testing.assert_array_equal(got.column("label").to_numpy(), y)
+
+
+def test_dense_gbt_data_needs_trees():
+    """The generated dense set is reproducible, and its label is not linear in the features:
+    a least-squares score with pairwise products beats a linear one on held-out rows."""
+    a, b = dense_gbt_arrays(6000, 16, seed=3), dense_gbt_arrays(6000, 16, seed=3)
+    np.testing.assert_array_equal(a["X_train"], b["X_train"])
+    assert 0.2 < a["y_train"].mean() < 0.6
+
+    def design(x: np.ndarray, products: bool) -> np.ndarray:
+        z = (x - a["X_train"].mean(0)) / a["X_train"].std(0)
+        if products:
+            z = np.c_[z, (z[:, :, None] * z[:, None, :]).reshape(len(z), -1)]
+        return np.c_[np.ones(len(z)), z]
+
+    scores = {}
+    for products in (False, True):
+        w = np.linalg.lstsq(design(a["X_train"], products), a["y_train"], rcond=None)[0]
+        scores[products] = auc(a["y_test"], design(a["X_test"], products) @ w)
+    assert scores[True] > scores[False] + 0.02, scores  # signal a linear score misses

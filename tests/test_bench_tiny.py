@@ -27,7 +27,8 @@ BENCHES = {
         r"^\| 2\^10 +\| sparkps .*\| ok +\|$",
     ),
     "gbt": (
-        "--impl mllib,sparkps --configs 2x2 --rows 2000 --no-warmup --driver-memory 1g",
+        "--impl mllib,sparkps --configs 2x2 --rows 2000 --no-warmup --driver-memory 1g "
+        "--dataset dense80",
         r"^\| 2x2 .*\| sparkps .*\| ok +\|$",
     ),
     "multinomial": (
