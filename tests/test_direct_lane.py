@@ -385,3 +385,26 @@ def test_frame_arrays_are_aligned_views_and_rebuild_the_request(rid):
         assert arr.flags.aligned and (arr.ctypes.data - base) % 8 == 0
         assert not arr.flags.owndata  # a view of the frame: no copy
     assert got.SerializeToString() == sent.message().SerializeToString()
+
+
+def test_a_broken_connection_leaves_the_other_one_and_applies_each_request_once(client):
+    """A call's requests to a shard alternate over two connections. When one breaks, only
+    it is dropped (its requests go through gRPC): the other's requests were applied and
+    their answers are read there, not sent again (a solo shard would apply them twice)."""
+    from spark_ps.client import PSClient
+    from spark_ps.client.spec import TensorSpec
+
+    c = PSClient(client.address, client.token, max_message_bytes=64 << 10)  # 4096 rows
+    t = TensorSpec(f"lane-break-{uuid.uuid4().hex[:8]}", "sparse", 2**40, 1, c.num_shards)
+    c.create(t)
+    keys = np.arange(0, 40_000 * 3, 3)
+    c.push(t, keys, np.ones(keys.size))  # both connections to every shard are open now
+    address = c.addresses[0]
+    broken, spare = c._links.links[address], c._links.spares[address]
+    broken._sock.close()  # as if the first connection broke under the client
+    c.push(t, keys, np.full(keys.size, 2.0))
+    np.testing.assert_array_equal(c.pull(t, keys), np.full(keys.size, 3.0))  # each once
+    assert c._links.spares[address] is spare  # the healthy connection was kept
+    assert c._links.links[address] is not broken  # the broken one was replaced
+    c.drop(t)
+    c.close()

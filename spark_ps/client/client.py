@@ -121,13 +121,13 @@ class _DirectCall:
             self._link.send(*self._request)
             self._sent = True
         except OSError:
-            self._client._drop_link(self._shard)
+            self._client._drop_link(self._shard, self._link)
 
     def abandon(self) -> None:
         """The caller will not read the answer: close the connection, so that its next
         request cannot read this one's answer."""
         if self._sent:
-            self._client._drop_link(self._shard)
+            self._client._drop_link(self._shard, self._link)
         self._request, self._sent = None, False
 
     def result(self):
@@ -141,7 +141,7 @@ class _DirectCall:
                 except DirectError as e:
                     if e.code is not None:
                         raise _DirectRpcError(e.code, str(e)) from None
-                    self._client._drop_link(self._shard)
+                    self._client._drop_link(self._shard, self._link)
         finally:  # the connection is free: the next request on it goes out while the
             # caller reads other connections' answers
             after, self.then = self.then, None
@@ -401,14 +401,17 @@ class PSClient:
             links[address] = link
         return link
 
-    def _drop_link(self, shard: int) -> None:
-        """Forget this thread's broken connection to `shard`'s lane (the next call reconnects,
-        asking the shard map again if the shard moved)."""
+    def _drop_link(self, shard: int, link: DirectLink) -> None:
+        """Close and forget this thread's connection `link` to `shard`'s lane (broken, or
+        holding an answer no one will read); the next call reconnects, asking the shard map
+        again if the shard moved. The thread's other connection to it is left alone: a
+        request on it may have been applied, and its answer is still to be read."""
         address = self.addresses[shard]
+        link.close()
         for kind in ("links", "spares"):
-            link = self._links.__dict__.get(kind, {}).pop(address, None)
-            if link is not None:
-                link.close()
+            links = self._links.__dict__.get(kind, {})
+            if links.get(address) is link:
+                del links[address]
         self._direct_ports.pop(address, None)
 
     def _check_size(self, nbytes: int, rpc: str, shard: int | None = None) -> None:
