@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from spark_ps.ml import _job
 from spark_ps.ml.classification import GBTClassifier
-from spark_ps.ml.gbt import boost_worker
+from spark_ps.ml.gbt import boost_worker, distributed
 from spark_ps.ml.gbt.boost_worker import layer_shards
 from spark_ps.ml.regression import GBTRegressor
 
@@ -188,3 +188,16 @@ def test_the_driver_state_snapshot_is_a_copy_later_trees_leave_alone():
         "validation_loss": [0.6],
     }
     assert kept["trees"][0] is tree
+
+
+def test_pooled_rows_and_merged_summaries_give_the_same_splits(spark_ps, data, monkeypatch):
+    """The sketch from the sampled rows themselves (few enough: the default here) and the one
+    merged on the PS from per-partition summaries are the same, sampling and duplicate
+    rows included (equal rows share a content hash, yet each counts)."""
+    twice = data.filter(F.col("score") > 0)  # some rows more often than others
+    rows = data.union(data).union(data).union(twice).repartition(3)  # > 10,000: sampled
+    params = dict(maxIter=2, maxDepth=3, seed=5)
+    pooled = GBTClassifier(**params).fit(rows)
+    monkeypatch.setattr(distributed, "POOLED_SKETCH_VALUES", 0)
+    merged = GBTClassifier(**params).fit(rows)
+    assert _structure(pooled) == _structure(merged)

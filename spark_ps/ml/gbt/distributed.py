@@ -4,8 +4,10 @@ The driver (this module; the workers' side is ``rounds`` and ``boost_worker``) r
 set-up rounds, then starts the workers' boosting loop and only reads:
 
   ``meta``     row counts, max weight, number of features;
-  ``sketch``   per-feature exact value summaries of a partition-independent row sample,
-               merged on the PS by key -> MLlib's split thresholds (on the driver);
+  ``sketch``   a partition-independent row sample -> MLlib's split thresholds (on the
+               driver): the sampled rows themselves when they are few enough
+               (``POOLED_SKETCH_VALUES``), else per-feature exact value summaries merged
+               on the PS by key;
   ``bin``      rows binned, exact total weight;
   ``boost``    the workers grow every tree themselves, the shards finding the splits and
                acting as the rendezvous of each layer (see ``spark_ps.ml.gbt.boost_worker``);
@@ -36,7 +38,13 @@ from spark_ps.ml.gbt import boost_worker
 from spark_ps.ml.gbt.boost_worker import early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
 from spark_ps.ml.gbt.rounds import HANDLERS, VAL, setup_rows
-from spark_ps.ml.tree.binning import QuantileSketch, _reduce, sketch_fraction, split_thresholds
+from spark_ps.ml.tree.binning import (
+    QuantileSketch,
+    _reduce,
+    sketch_fraction,
+    split_thresholds,
+    summarize,
+)
 from spark_ps.ml.tree.histogram import weight_exponent
 from spark_ps.ml.tree.local import resolve_params
 from spark_ps.ml.tree.loss import LogLoss, get_loss
@@ -73,6 +81,9 @@ def _thresholds(
     max_bins = min(p.maxBins, n_rows)
     wexp = weight_exponent(max_w, n_rows)
     name = name or job.topic
+    fraction = sketch_fraction(n_rows, max_bins)
+    if min(n_rows, max(max_bins**2, 10_000)) * (n_features + 1) <= POOLED_SKETCH_VALUES:
+        return _pooled_thresholds(job, ps, n_features, wexp, fraction, p, max_bins, name)
     counts = PSMatrix.sparse(2, name=f"{name}/sketch-counts", dtype="int64", context=ps)
     values = PSMatrix.sparse(2, name=f"{name}/sketch-values", context=ps)
     try:
@@ -81,7 +92,7 @@ def _thresholds(
             counts=counts.name,
             values=values.name,
             weight_exp=wexp,
-            fraction=sketch_fraction(n_rows, max_bins),
+            fraction=fraction,
             seed=p.seed,
         )
         counts.reduce(r)  # every partition's summary once, however often it was pushed
@@ -92,6 +103,31 @@ def _thresholds(
         best_effort(f"dropping {values.name}", values.drop)
     feat = fv[:, 0].astype(np.int64)
     sketch: QuantileSketch = _reduce(feat, fv[:, 1], wc[:, 0], wc[:, 1], n_features, wexp)
+    return split_thresholds(sketch, max_bins)
+
+
+#: The sketch's sampled rows go to the driver whole when they hold at most this many values
+#: (rows x (features + 1); 128 MB): one small contribution per partition and one sort per
+#: feature, instead of a (feature, value) key per sampled value pushed to, summed on and
+#: pulled from the PS (0.67 -> ~0.2 s of a 200k x 80 fit's set-up). Both give the same sketch.
+POOLED_SKETCH_VALUES = 1 << 24
+
+
+def _pooled_thresholds(
+    job: PSJob, ps, n_features: int, wexp: int, fraction: float, p, max_bins: int, name: str
+) -> list:
+    """`_thresholds` from the sampled rows themselves: each partition contributes its rows
+    (weight, then features) under keys unique to it, and the driver summarises them all.
+    The summary is exact integer sums per (feature, value), so it is the one the merged
+    per-partition summaries give."""
+    rows = PSMatrix.sparse(n_features + 1, name=f"{name}/sketch-rows", context=ps)
+    try:
+        r, _ = job.call("sketch", rows=rows.name, fraction=fraction, seed=p.seed)
+        rows.reduce(r)  # every partition's rows once, however often they were pushed
+        _, sampled = rows.pull()
+    finally:
+        best_effort(f"dropping {rows.name}", rows.drop)
+    sketch = summarize(sampled[:, 1:], sampled[:, 0], weight_exp=wexp)
     return split_thresholds(sketch, max_bins)
 
 

@@ -20,7 +20,7 @@ from spark_ps.data import VALIDATION_FLAG, read_flags, read_partition
 from spark_ps.ml._job import WorkerContext, _latest
 from spark_ps.ml.gbt.boost_worker import boost, tree_topic
 from spark_ps.ml.tree import kernels
-from spark_ps.ml.tree.binning import bin_matrix, summarize
+from spark_ps.ml.tree.binning import bin_matrix, row_uniform, summarize
 from spark_ps.ml.tree.kernels import warm_up
 from spark_ps.ml.tree.loss import get_loss, remap_labels
 from spark_ps.ml.tree.tree import TreeArrays
@@ -125,8 +125,12 @@ def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
 def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """Push this partition's exact value summary; equal (feature, value) keys add up. The
     counts are this partition's exactly-once contribution to the round: a task that pushed
-    and died, and its relaunch (or a task of an aborted launch still running), count once."""
+    and died, and its relaunch (or a task of an aborted launch still running), count once.
+    With ``rows`` in the command, contribute the sampled rows themselves instead."""
     s = ctx.state
+    if "rows" in cmd:
+        _sketch_rows(ctx, round_, cmd)
+        return
     sk = summarize(
         s["X"],
         s["w"],
@@ -144,6 +148,24 @@ def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
             keys, np.stack([feat.astype(np.float64), sk.values], axis=1)
         )
     ctx.contribute(round_, [keys.size])
+
+
+def _sketch_rows(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """This partition's sampled rows as ``[weight, features...]``, its exactly-once
+    contribution under keys of its own (row ids hash the content, so equal rows share one;
+    they must not add up): partition << 40 | position."""
+    s = ctx.state
+    X, n = s["X"], s["X"].shape[0]
+    keep = np.ones(n, dtype=bool)
+    if cmd["fraction"] < 1.0:
+        keep = row_uniform(s["ids"], cmd["seed"]) < cmd["fraction"]
+    at = np.flatnonzero(keep)
+    if at.size:
+        ctx.tensor(cmd["rows"]).aggregate(
+            (ctx.part << 40) | at, np.c_[s["w"][at], X[at]], round=round_, part=ctx.part,
+            unique=True,
+        )  # fmt: skip
+    ctx.contribute(round_, [at.size])
 
 
 def _sketch_keys(feat: np.ndarray, values: np.ndarray) -> np.ndarray:
