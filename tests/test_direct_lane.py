@@ -406,5 +406,10 @@ def test_a_broken_connection_leaves_the_other_one_and_applies_each_request_once(
     np.testing.assert_array_equal(c.pull(t, keys), np.full(keys.size, 3.0))  # each once
     assert c._links.spares[address] is spare  # the healthy connection was kept
     assert c._links.links[address] is not broken  # the broken one was replaced
+    # a pull whose requests differ: a retry must not read another request's answer
+    c.push(t, keys, np.arange(keys.size, dtype=np.float64))
+    for kind in ("links", "spares"):  # either connection breaking
+        getattr(c._links, kind)[address]._sock.close()
+        np.testing.assert_array_equal(c.pull(t, keys), 3.0 + np.arange(keys.size))
     c.drop(t)
     c.close()

@@ -331,12 +331,13 @@ class PSClient:
         mds: list,
         pending: list[int],
         direct: bool = False,
+        lanes: bool = True,
     ):
         """(index, future-like) per pending request. One request is a plain blocking call:
         a future costs a hand-off to gRPC's polling thread (~0.5 ms per call, measured).
         Pulls, pushes and, with `direct`, calls go to shards' direct lanes where they have
-        one (see `_DirectCall`)."""
-        lane = rpc in _LANE_ANSWERS or (direct and rpc == "Call")
+        one (see `_DirectCall`); ``lanes=False``: gRPC whatever the call."""
+        lane = lanes and (rpc in _LANE_ANSWERS or (direct and rpc == "Call"))
         if lane and not self.tls_ca and direct_lane.enabled():
             out, count, last = [], {}, {}
             for i in pending:
@@ -346,7 +347,9 @@ class PSClient:
                 nth = count[shard] = count.get(shard, -1) + 1
                 which = nth % LANES_PER_SHARD
                 link = self._link(shard, which)
-                grpc_call = functools.partial(self._send, rpc, requests, mds, [i])
+                # the request's own way when the lane cannot carry it: gRPC, never a lane
+                # connection (another request of this call may be in flight on it)
+                grpc_call = functools.partial(self._send, rpc, requests, mds, [i], lanes=False)
                 if link is None:
                     out.extend(grpc_call())
                 else:
