@@ -160,6 +160,16 @@ def test_a_client_that_ignores_the_limit_gets_a_clear_refusal(small, lane, monke
     with pytest.raises(PSError, match=cut_off) as e:
         client.push(w.spec, keys, np.ones(keys.size), "add")
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    if lane == "direct":
+        # far beyond the sockets' buffers: the shard refuses the frame from its header and
+        # closes, the send breaks, and the refusal waiting unread is the answer (not a
+        # retry through gRPC, which would be cut off without naming the limit)
+        client.max_message_bytes = 64 * MB
+        big = np.arange(2_000_000)
+        for _ in range(2):  # and again on new connections
+            with pytest.raises(PSError, match="exceeds the limit of 1048576 bytes") as e:
+                client.push(w.spec, big, np.ones(big.size), "add")
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     client.close()
     assert w.pull()[0].size == 0  # no row was created
     w.drop()

@@ -487,6 +487,19 @@ class DirectLink:
         code, _, message = bytes(body).decode(errors="replace").partition("\n")
         raise DirectError(code, message)
 
+    def refusal(self) -> DirectError | None:
+        """After a send broke: the error answer the shard sent before it closed, or None.
+        A shard refuses a frame over its limit or with a bad token before reading the body,
+        then closes, so a large request's send breaks while the refusal waits unread."""
+        try:
+            self._sock.settimeout(1.0)
+            self.receive(pb.CallResponse)
+        except DirectError as e:
+            return e if e.code is not None else None
+        except OSError:
+            return None
+        return None
+
     def close(self) -> None:
         try:
             self._sock.close()

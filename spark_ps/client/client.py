@@ -109,6 +109,7 @@ class _DirectCall:
     ):
         self._client, self._shard, self._link = client, shard, link
         self._fallback, self._sent = fallback, False
+        self._refused: DirectError | None = None  # the shard's answer to a broken send
         self._answer = pb.CallResponse if rpc == "Call" else _LANE_ANSWERS[rpc]
         self._request = (request, rpc, next((v for k, v in md if k == REQUEST_ID_KEY), ""))
         #: the call to send on this connection once this one's answer is read
@@ -120,8 +121,10 @@ class _DirectCall:
         try:
             self._link.send(*self._request)
             self._sent = True
-        except OSError:
+        except OSError:  # gRPC carries it, unless the shard refused it unread
+            self._refused = self._link.refusal()
             self._client._drop_link(self._shard, self._link)
+        self._request = None
 
     def abandon(self) -> None:
         """The caller will not read the answer: close the connection, so that its next
@@ -131,22 +134,31 @@ class _DirectCall:
         self._request, self._sent = None, False
 
     def result(self):
-        if self._request is not None and not self._sent:  # sent `later`: now
+        if self._request is not None:  # sent `later`: now
             self._send()
-        self._request = None
+        usable = False  # the connection can carry the next request
         try:
             if self._sent:
                 try:
-                    return self._link.receive(self._answer)
+                    answer = self._link.receive(self._answer)
+                    usable = True
+                    return answer
                 except DirectError as e:
+                    # after an error answer the shard may have closed the connection (it
+                    # does when it refused the frame unread): not to be reused
+                    self._client._drop_link(self._shard, self._link)
                     if e.code is not None:
                         raise _DirectRpcError(e.code, str(e)) from None
-                    self._client._drop_link(self._shard, self._link)
+            elif self._refused is not None:  # refused unread (over the limit): no retry
+                raise _DirectRpcError(self._refused.code, str(self._refused))
         finally:  # the connection is free: the next request on it goes out while the
-            # caller reads other connections' answers
+            # caller reads other connections' answers; gRPC carries it if it broke
             after, self.then = self.then, None
-            if after is not None and after._request is not None and not after._sent:
-                after._send()
+            if after is not None and after._request is not None:
+                if usable:
+                    after._send()
+                else:
+                    after._request = None
         return self._fallback().result()
 
 
