@@ -239,6 +239,43 @@ def test_bad_labels_are_refused_and_change_nothing(spark_ps, blobs):
     assert ps.client.models() == before
 
 
+def test_workers_count_the_labels_so_clean_fits_run_no_check_job(spark_ps, blobs, monkeypatch):
+    """The lbfgs fit's workers count the labels as they read the rows: binomial, multinomial
+    (family auto) and nominal-metadata fits run no Spark job of their own to check them, and
+    label errors decided from the counts need none either; a row the read refuses (a NaN
+    label) runs that job once, to word MLlib's error. The PS is left as it was."""
+    spark, ps = spark_ps
+    calls = []
+    check = LogisticRegression._check_labels
+
+    def counted(self, *args, **kwargs):
+        calls.append(args)
+        return check(self, *args, **kwargs)
+
+    monkeypatch.setattr(LogisticRegression, "_check_labels", counted)
+    before = ps.client.models()
+    assert LogisticRegression(maxIter=5).fit(blobs).numClasses == 4  # auto: multinomial
+    two = LogisticRegression(maxIter=5).fit(blobs.where("label < 2"))
+    assert two.numClasses == 2 and two.coefficients.size == 6  # auto: binomial
+    meta = {"ml_attr": {"type": "nominal", "num_vals": 6}}
+    six = blobs.withColumn("label", F.col("label").alias("label", metadata=meta))
+    assert LogisticRegression(maxIter=5).fit(six).numClasses == 6
+    ids = blobs.withColumn("id", F.monotonically_increasing_id())
+    neg = ids.withColumn("label", F.when(F.col("id") < 2, -2.0).otherwise(F.col("label")))
+    with pytest.raises(ValueError, match=r"has 2 negative or non-integer"):
+        LogisticRegression(maxIter=3).fit(neg)
+    with pytest.raises(ValueError, match="Binomial family only supports 1 or 2 outcome classes"):
+        LogisticRegression(maxIter=3, family="binomial").fit(blobs)
+    assert calls == []
+    nan = ids.withColumn("label", F.when(F.col("id") == 9, float("nan")).otherwise(F.col("label")))
+    with pytest.raises(ValueError, match=r"Labels MUST NOT be Null or NaN: column 'label'"):
+        LogisticRegression(maxIter=3).fit(nan)
+    assert len(calls) == 1
+    LogisticRegression(maxIter=3, solver="sgd").fit(blobs.where("label < 2"))
+    assert len(calls) == 2  # a trainer that does not count labels gets them checked first
+    assert ps.client.models() == before
+
+
 def test_constant_label_gives_mllibs_model(spark_ps):
     spark, _ = spark_ps
     X, _, _ = _blobs(n=50, seed=2)

@@ -123,6 +123,12 @@ class WorkerContext:
         self.state: dict[str, Any] = {}
         self._fault_counts: dict[str, int] = {}
 
+    def refuse(self, reason: str) -> None:
+        """Tell the driver why this partition's rows cannot train (:meth:`PSJob.refusal`):
+        a read that refused a row is reported in a set-up round instead of failing the
+        task, so that the driver can word MLlib's error before any model exists."""
+        self.client.post(f"{self.topic}/refused/{self.part}", 1, {"error": reason})
+
     def tensor(self, name: str):
         """The handle of PS tensor `name` (looked up once per worker process)."""
         from spark_ps.models import PSMatrix, PSVector
@@ -511,6 +517,11 @@ class PSJob:
             payload["_faults"] = {k: dict(v) for k, v in _FAULTS.items()}
         self.ps.client.post(f"{self.topic}/cmd", self.round, {"op": op, **payload})
         return self.round
+
+    def refusal(self, part: int) -> str:
+        """Why partition `part` refused its rows (:meth:`WorkerContext.refuse`)."""
+        msg = _latest(self.ps.client, f"{self.topic}/refused/{part}")
+        return msg["error"] if msg else f"partition {part} refused its rows"
 
     def post_state(self, state: dict) -> None:
         """What a retried task needs to rebuild its memory (handed to the `recover` handler)."""

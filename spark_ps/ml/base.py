@@ -171,8 +171,9 @@ def feature_checks(schema: T.StructType, features_col: str) -> list[Any]:
 
 
 def check_features(row: Any, features_col: str) -> None:
-    """Raise MLlib's errors for what :func:`feature_checks` found (a Row of its aliases)."""
-    found = row.asDict()
+    """Raise MLlib's errors for what :func:`feature_checks` found (a Row of its aliases,
+    or that Row as a dict)."""
+    found = row if isinstance(row, dict) else row.asDict()
     where = f"(featuresCol {features_col!r})"
     if found["f_nulls"]:
         raise ValueError(f"Vectors MUST NOT be Null: {found['f_nulls']} null rows {where}")

@@ -30,7 +30,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from spark_ps.context import PSContext
-from spark_ps.ml._job import PSJob, _latest, best_effort
+from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery, redo_on_restart
 from spark_ps.ml.base import PreparedData, densified
@@ -160,8 +160,7 @@ def _check_meta(job: PSJob, meta: np.ndarray) -> None:
     dims = set(meta[has_rows, 3].astype(np.int64).tolist())
     refused = np.flatnonzero(meta[:, 4] > 0)
     if refused.size:
-        msg = _latest(job.ps.client, f"{job.topic}/refused/{int(refused[0])}")
-        raise _RowsRefused(msg["error"] if msg else f"partition {int(refused[0])} refused its rows")
+        raise _RowsRefused(job.refusal(int(refused[0])))
     if len(dims) > 1:
         raise _RowsRefused(f"partitions disagree on the number of features: {sorted(dims)}")
     if meta[:, 0].sum() == 0:

@@ -117,7 +117,7 @@ def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     max_w = float(s["w"].max()) if s["w"].size else 0.0
     refused = _refusal(ctx, cmd["classification"])
     if refused:
-        ctx.client.post(f"{ctx.topic}/refused/{ctx.part}", 1, {"error": refused})
+        ctx.refuse(refused)
     values = [s["y"].size, s["yv"].size, max_w, s["num_features"], float(bool(refused))]
     _per_part(ctx, round_, cmd["n_workers"], values)
 

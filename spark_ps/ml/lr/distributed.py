@@ -202,6 +202,15 @@ class _KeySpace:
         return keys, ids.astype(np.int64)
 
 
+def read_dims(job: PSJob, phases: _Phases | None = None) -> np.ndarray:
+    """The ``dims`` round, [workers, DIMS_COLUMNS] (see `rounds._dims`); the first round
+    of a job: it waits for the job to start and the workers to read their rows."""
+    _, out = job.call("dims", num_workers=job.num_workers)
+    if phases is not None:
+        phases.mark("job start + read")
+    return out.reshape(job.num_workers, DIMS_COLUMNS)
+
+
 def _key_space(
     job: PSJob,
     ps,
@@ -209,15 +218,14 @@ def _key_space(
     phases: _Phases | None = None,
     identity: bool = False,
     prefix: str | None = None,
+    dims: np.ndarray | None = None,
 ) -> _KeySpace:
     """Dimension and compact key numbering of the data (``identity``: skip the numbering
     for vector input up to ``_IDENTITY_LIMIT`` features; ``keyset`` is then None), the
-    key set named under `prefix` (default: the job's topic)."""
+    key set named under `prefix` (default: the job's topic); `dims`: the ``dims`` round's
+    answer when the caller asked it already (:func:`read_dims`)."""
     phases = phases or _Phases(time.perf_counter())
-    nw = job.num_workers
-    _, out = job.call("dims", num_workers=nw)
-    phases.mark("job start + read")
-    out = out.reshape(nw, DIMS_COLUMNS)
+    out = read_dims(job, phases) if dims is None else dims
     log.info("worker read %s s, localize %s s", out[:, 3].round(2), out[:, 4].round(2))
     sizes = sorted({int(v) for v in out[:, 0] if v > 0})
     if len(sizes) > 1 and prepared.features_kind != "keys":
@@ -264,7 +272,14 @@ def _key_space(
     return _KeySpace(keyset, int(sum(counts)), num_features, dense, touched)
 
 
-def train_lbfgs_binomial(prepared: PreparedData, params: dict) -> TrainResult:
+def train_lbfgs_binomial(
+    prepared: PreparedData,
+    params: dict,
+    *,
+    job: PSJob | None = None,
+    dims: np.ndarray | None = None,
+    phases: _Phases | None = None,
+) -> TrainResult:
     """Fit MLlib's binomial objective on the PS (the `lbfgs` trainer of LogisticRegression,
     ``spark_ps.ml.lr.lbfgs``, for a binomial fit).
 
@@ -272,38 +287,45 @@ def train_lbfgs_binomial(prepared: PreparedData, params: dict) -> TrainResult:
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
     however large the key space, and the driver holds none of them (but, to survive a
     shard restart without PS checkpoints, a copy of the iterate every
-    ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`).
+    ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`). `job`: a running
+    worker job to fit on (its owner stops it), whose ``dims`` round answered `dims`.
     """
-    phases = _Phases(time.perf_counter())
-    spark = prepared.df.sparkSession
-    ps = PSContext.getOrCreate(spark)
-    job = PSJob(
+    phases = phases or _Phases(time.perf_counter())
+    ps = PSContext.getOrCreate(prepared.df.sparkSession)
+    if job is None:
+        with lr_job(ps, prepared, params) as job:
+            return train_lbfgs_binomial(prepared, params, job=job, phases=phases)
+    interval = params.get("checkpointInterval", -1)
+    recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
+    built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
+    stamps: list[float] = []  # iteration timestamps, over every attempt
+    aucs: list[float] = []  # validation AUC per iteration, over every attempt
+
+    def attempt(resume: dict | None) -> TrainResult:
+        if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
+            _release(built)
+            _set_up(built, job, ps, prepared, params, phases, recovery.prefix, dims)
+        if "result" in built:
+            return built["result"]
+        return _solve(built, stamps, params, phases, recovery, resume, aucs)
+
+    try:
+        return recovery.run(attempt)
+    finally:  # clean-up must not hide the fit's own error (see best_effort)
+        _release(built)
+
+
+def lr_job(ps, prepared: PreparedData, params: dict, refuse: bool = False) -> PSJob:
+    """The barrier job of an L-BFGS fit (binomial or multinomial: the same rows and rounds);
+    `refuse`: see `rounds.setup_rows`."""
+    return PSJob(
         ps,
         prepared.df,
         prepared.num_workers,
-        setup_rows(prepared, dense_matrix=True),
+        setup_rows(prepared, dense_matrix=True, refuse=refuse),
         HANDLERS,
         name=f"LogisticRegression(maxIter={params['maxIter']})",
     )
-    with job:
-        interval = params.get("checkpointInterval", -1)
-        recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-        built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
-        stamps: list[float] = []  # iteration timestamps, over every attempt
-        aucs: list[float] = []  # validation AUC per iteration, over every attempt
-
-        def attempt(resume: dict | None) -> TrainResult:
-            if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
-                _release(built)
-                _set_up(built, job, ps, prepared, params, phases, recovery.prefix)
-            if "result" in built:
-                return built["result"]
-            return _solve(built, stamps, params, phases, recovery, resume, aucs)
-
-        try:
-            return recovery.run(attempt)
-        finally:  # clean-up must not hide the fit's own error (see best_effort)
-            _release(built)
 
 
 def _release(built: dict) -> None:
@@ -317,13 +339,20 @@ def _release(built: dict) -> None:
 
 
 def _set_up(
-    built: dict, job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix: str
+    built: dict,
+    job: PSJob,
+    ps,
+    prepared: PreparedData,
+    params: dict,
+    phases,
+    prefix: str,
+    dims: np.ndarray | None = None,
 ) -> None:
     """Key space, statistics and the solver's constant vectors and start point, named under
     `prefix`, into `built` as they are made (so a failure half-way releases what exists);
     built["result"] when the labels decide the model (one class only)."""
     fit_intercept = bool(params["fitIntercept"])
-    built["ks"] = _key_space(job, ps, prepared, phases, identity=True, prefix=prefix)
+    built["ks"] = _key_space(job, ps, prepared, phases, identity=True, prefix=prefix, dims=dims)
     ks = built["ks"]
     space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix)
     fit = built["fit"] = _Fit(job, space, fit_intercept, ks, prepared.label_col)

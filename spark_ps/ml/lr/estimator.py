@@ -1,13 +1,17 @@
 """LogisticRegression estimator: Params, data plumbing and an injectable trainer.
 
 ``_fit`` validates the Params, prepares the data (needed columns, one partition per
-worker), checks the labels with one Spark aggregation, then hands the data to the trainer
-registered for the ``solver`` Param. Trainers (distributed L-BFGS on the PS, mini-batch
-solvers, or a local one in tests) register themselves with :func:`register_trainer`.
+worker), then hands the data to the trainer registered for the ``solver`` Param. Trainers
+(distributed L-BFGS on the PS, mini-batch solvers, or a local one in tests) register
+themselves with :func:`register_trainer`. A trainer whose workers count the labels as they
+read them takes :class:`LabelRules` and saves the Spark job that checks them; the others get
+rows checked, and the classes counted, by that job first.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +79,37 @@ class TrainResult:
     # iteration (objectiveHistory[1:]), for a fit with validationIndicatorCol
 
 
+@dataclass
+class LabelRules:
+    """`fit`'s label rules (MLlib's) for a trainer that counts the labels as its workers
+    read the rows (``trainer(prepared, params, labels=rules)``): clean rows then cost no
+    Spark job of their own.
+
+    Attributes
+    ----------
+    decide : ``decide(counts) -> (numClasses, multinomial)`` from the training rows'
+        counts ``n`` (rows), ``bad`` (negative or non-integer labels, validation rows
+        included), ``max`` (largest training label) and ``vmax`` (largest validation label,
+        None without such rows); raises MLlib's error for labels, family or thresholds.
+    check_rows : the Spark job that raises MLlib's error for the rows; to call when the
+        workers' read refused a row (a null or NaN label or weight, a bad vector), so that
+        the user reads MLlib's message. It returns if it finds nothing to refuse.
+    """
+
+    decide: Callable[[dict], tuple[int, bool]]
+    check_rows: Callable[[], object]
+
+
 Trainer = Callable[[PreparedData, dict[str, Any]], TrainResult]
 _TRAINERS: dict[str, Trainer] = {}
+
+
+def _takes_labels(trainer: Trainer) -> bool:
+    """Whether `trainer` takes ``labels`` (:class:`LabelRules`): it counts labels itself."""
+    try:
+        return "labels" in inspect.signature(trainer).parameters
+    except (TypeError, ValueError):  # a callable without a signature
+        return False
 
 
 def register_trainer(solver: str, trainer: Trainer | None) -> Trainer | None:
@@ -87,7 +120,9 @@ def register_trainer(solver: str, trainer: Trainer | None) -> Trainer | None:
     cannot fit a multinomial model raises NotImplementedError. A trainer that honours
     ``validationIndicatorCol`` (trains on the rows ``prepared.validation_col`` does not flag
     and fills ``TrainResult.validation_auc``) says so with an attribute
-    ``takes_validation = True``; ``fit`` refuses the Param with any other. Passing None
+    ``takes_validation = True``; ``fit`` refuses the Param with any other. A trainer with a
+    ``labels`` keyword gets :class:`LabelRules` instead of ``numClasses`` and
+    ``multinomial``, and decides them from its own count of the labels. Passing None
     unregisters.
     """
     if solver not in SOLVERS:
@@ -353,24 +388,20 @@ class LogisticRegression(
             densify_max=DENSE_MAX_FEATURES if self.getSolver() == "lbfgs" else 0,
             validation_col=val_col,
         )
-        # A trainer that checks labels in its own statistics pass saves a Spark job; weights
-        # (null/NaN/negative) are still checked here first, with MLlib's plain ValueError.
-        num_classes = self._check_labels(dataset, val_col)
-        multinomial = self._check_family(num_classes)
-        if multinomial and self.getCompressBits():
-            raise NotImplementedError(
-                f"{self.uid} parameter compressBits={self.getCompressBits()}: only binomial "
-                f"models can be compressed (this fit is multinomial, {num_classes} classes)"
-            )
         trainer = get_trainer(self.getSolver())
-        if val_col is not None and multinomial:
-            raise self._no_validation(val_col, f"a multinomial fit ({num_classes} classes)")
         if val_col is not None and not getattr(trainer, "takes_validation", False):
             name = getattr(trainer, "__qualname__", repr(trainer))
             raise self._no_validation(val_col, f"the registered lbfgs trainer {name}")
         params = {p.name: self.getOrDefault(p) for p in self.params if self.isDefined(p)}
-        params.update(numClasses=num_classes, multinomial=multinomial)
-        result = trainer(prepared, params)
+        n_vals = _nominal_classes(dataset, self.getLabelCol())
+        decide = functools.partial(self._decide, n_vals=n_vals, val_col=val_col)
+        if _takes_labels(trainer):
+            check = functools.partial(self._check_labels, dataset, val_col)
+            result = trainer(prepared, params, labels=LabelRules(decide, check))
+        else:
+            num_classes, multinomial = decide(self._check_labels(dataset, val_col))
+            params.update(numClasses=num_classes, multinomial=multinomial)
+            result = trainer(prepared, params)
         model = LogisticRegressionModel()
         if result.num_classes is None:
             model._set_coefficients(
@@ -428,18 +459,55 @@ class LogisticRegression(
             )
         return multinomial
 
-    def _check_labels(self, dataset: DataFrame, val_col: str | None = None) -> int:
-        """One aggregation over label, weight and features: integer labels >= 0, valid
-        weights, features MLlib accepts (see `feature_checks`), not empty.
-
-        Returns the number of classes as MLlib counts them: the label column's nominal
-        metadata when it has some (every label must be below it), else max label + 1, over
-        the training rows (with validationIndicatorCol `val_col`, whose validation rows'
-        labels must be below it too).
-        """
+    def _decide(self, counts, n_vals: int, val_col: str | None) -> tuple[int, bool]:
+        """(numClasses, multinomial) from the label counts (:class:`LabelRules`), or the
+        error MLlib raises for them, the family or the thresholds."""
         label_name = self.getLabelCol()
-        attr = dataset.schema[label_name].metadata.get("ml_attr", {})
-        n_vals = int(attr.get("num_vals", len(attr.get("vals", []))))
+        self._check_counts(counts)
+        top = int(counts["max"])
+        if n_vals and top >= n_vals:
+            raise ValueError(
+                f"Classification labels should be in [0 to {n_vals - 1}]: the metadata of "
+                f"column {label_name!r} (labelCol) gives {n_vals} classes but its max label "
+                f"is {counts['max']}"
+            )
+        num_classes = n_vals if n_vals else top + 1
+        vmax = counts["vmax"]
+        if val_col is not None and vmax is not None and vmax >= num_classes:
+            raise ValueError(
+                f"Classification labels should be in [0 to {num_classes - 1}]: the training "
+                f"rows give {num_classes} classes but a validation row (column {val_col!r}, "
+                f"validationIndicatorCol, true) has label {vmax} in column "
+                f"{label_name!r} (labelCol)"
+            )
+        multinomial = self._check_family(num_classes)
+        if multinomial and self.getCompressBits():
+            raise NotImplementedError(
+                f"{self.uid} parameter compressBits={self.getCompressBits()}: only binomial "
+                f"models can be compressed (this fit is multinomial, {num_classes} classes)"
+            )
+        if val_col is not None and multinomial:
+            raise self._no_validation(val_col, f"a multinomial fit ({num_classes} classes)")
+        return num_classes, multinomial
+
+    def _check_counts(self, counts) -> None:
+        """MLlib's errors for no training row, null or NaN labels (``nulls``, counted by
+        the Spark job; a worker's read refuses them) and negative or non-integer ones."""
+        if counts["n"] == 0:
+            raise ValueError(f"{self.uid}: the training dataset is empty")
+        if counts.get("nulls"):
+            raise ValueError(
+                f"Labels MUST NOT be Null or NaN: column {self.getLabelCol()!r} (labelCol) "
+                f"has {counts['nulls']} such rows"
+            )
+        check_label_counts(self.getLabelCol(), counts["bad"], False, "", self.uid)
+
+    def _check_labels(self, dataset: DataFrame, val_col: str | None = None) -> dict:
+        """One aggregation over label, weight and features: MLlib's errors for null, NaN
+        labels, weights and features (see `feature_checks`); the label counts
+        :meth:`_decide` takes (over the training rows; with validationIndicatorCol `val_col`
+        the largest validation label too)."""
+        label_name = self.getLabelCol()
         label = F.col(f"`{label_name}`").cast("double")
         training = F.lit(1) if val_col is None else training_flag(val_col)
         aggs = [
@@ -453,33 +521,18 @@ class LogisticRegression(
         weight_name = self._weight_col()
         aggs += weight_checks(weight_name)
         aggs += feature_checks(dataset.schema, self.getFeaturesCol())
-        row = dataset.agg(*aggs).first()
-        if row["n"] == 0:
-            raise ValueError(f"{self.uid}: the training dataset is empty")
-        if row["nulls"]:
-            raise ValueError(
-                f"Labels MUST NOT be Null or NaN: column {label_name!r} (labelCol) has "
-                f"{row['nulls']} such rows"
-            )
-        check_label_counts(label_name, row["bad"], False, "", self.uid)
+        row = dataset.agg(*aggs).first().asDict()
+        self._check_counts(row)
         check_weights(row, weight_name)
         check_features(row, self.getFeaturesCol())
-        top = int(row["max"])
-        if n_vals and top >= n_vals:
-            raise ValueError(
-                f"Classification labels should be in [0 to {n_vals - 1}]: the metadata of "
-                f"column {label_name!r} (labelCol) gives {n_vals} classes but its max label "
-                f"is {row['max']}"
-            )
-        num_classes = n_vals if n_vals else top + 1
-        if val_col is not None and row["vmax"] is not None and row["vmax"] >= num_classes:
-            raise ValueError(
-                f"Classification labels should be in [0 to {num_classes - 1}]: the training "
-                f"rows give {num_classes} classes but a validation row (column {val_col!r}, "
-                f"validationIndicatorCol, true) has label {row['vmax']} in column "
-                f"{label_name!r} (labelCol)"
-            )
-        return num_classes
+        vmax = row["vmax"] if val_col is not None else None
+        return {"n": row["n"], "bad": row["bad"], "max": row["max"], "vmax": vmax}
+
+
+def _nominal_classes(dataset: DataFrame, label_col: str) -> int:
+    """The number of classes the label column's nominal metadata gives (0: none)."""
+    attr = dataset.schema[label_col].metadata.get("ml_attr", {})
+    return int(attr.get("num_vals", len(attr.get("vals", []))))
 
 
 def check_label_counts(

@@ -33,13 +33,13 @@ from spark_ps.ml.lr.distributed import (
     _release,
     _resume_hooks,
     _timed,
+    lr_job,
     solve,
 )
 from spark_ps.ml.lr.estimator import TrainResult
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
 from spark_ps.ml.lr.optim import WARM
 from spark_ps.ml.lr.ps_space import PSVecSpace
-from spark_ps.ml.lr.rounds import HANDLERS, setup_rows
 from spark_ps.ml.lr.softmax import constant_label_model, finish_multinomial, initial_intercepts
 from spark_ps.models import PSMatrix, PSVector
 
@@ -148,49 +148,60 @@ class _SoftmaxFit:
         return evaluate
 
 
-def train_lbfgs_multinomial(prepared: PreparedData, params: dict) -> TrainResult:
+def train_lbfgs_multinomial(
+    prepared: PreparedData,
+    params: dict,
+    *,
+    job: PSJob | None = None,
+    dims: np.ndarray | None = None,
+    phases: _Phases | None = None,
+) -> TrainResult:
     """Fit MLlib's multinomial objective on the PS (``params["numClasses"]`` classes).
 
     Recovery as the binomial fit's (`spark_ps.ml.lr.distributed.train_lbfgs_binomial`): set-up
     inside the attempt, so a shard restart at any moment redoes what it lost, and a warm
-    restart from the iterate the driver held (up to 2^27 coefficients, keys x classes)."""
-    phases = _Phases(time.perf_counter())
+    restart from the iterate the driver held (up to 2^27 coefficients, keys x classes).
+    `job`, `dims`: as the binomial fit's."""
+    phases = phases or _Phases(time.perf_counter())
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    job = PSJob(
-        ps,
-        prepared.df,
-        prepared.num_workers,
-        setup_rows(prepared, dense_matrix=True),
-        HANDLERS,
-        name=f"LogisticRegression(family=multinomial, maxIter={params['maxIter']})",
-    )
-    with job:
-        interval = params.get("checkpointInterval", -1)
-        recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-        built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
-        stamps: list[float] = []  # iteration timestamps, over every attempt
+    if job is None:
+        with lr_job(ps, prepared, params) as job:
+            return train_lbfgs_multinomial(prepared, params, job=job, phases=phases)
+    interval = params.get("checkpointInterval", -1)
+    recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
+    built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
+    stamps: list[float] = []  # iteration timestamps, over every attempt
 
-        def attempt(resume: dict | None) -> TrainResult:
-            if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
-                _release(built)
-                _set_up(built, job, ps, prepared, params, phases, recovery.prefix)
-            if "result" in built:
-                return built["result"]
-            return _solve(built, stamps, params, phases, recovery, resume)
-
-        try:
-            return recovery.run(attempt)
-        finally:  # clean-up must not hide the fit's own error (see best_effort)
+    def attempt(resume: dict | None) -> TrainResult:
+        if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
             _release(built)
+            _set_up(built, job, ps, prepared, params, phases, recovery.prefix, dims)
+        if "result" in built:
+            return built["result"]
+        return _solve(built, stamps, params, phases, recovery, resume)
+
+    try:
+        return recovery.run(attempt)
+    finally:  # clean-up must not hide the fit's own error (see best_effort)
+        _release(built)
 
 
 def _set_up(
-    built: dict, job: PSJob, ps, prepared: PreparedData, params: dict, phases, prefix: str
+    built: dict,
+    job: PSJob,
+    ps,
+    prepared: PreparedData,
+    params: dict,
+    phases,
+    prefix: str,
+    dims: np.ndarray | None = None,
 ) -> None:
     """Key space, statistics, the solver's constant matrices and start point, named under
     `prefix`, into `built` as they are made; built["result"] when one class is seen."""
     fit_intercept, K = bool(params["fitIntercept"]), int(params["numClasses"])
-    built["ks"] = ks = _key_space(job, ps, prepared, phases, identity=True, prefix=prefix)
+    built["ks"] = ks = _key_space(
+        job, ps, prepared, phases, identity=True, prefix=prefix, dims=dims
+    )
     space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix, cols=K)
     fit = built["fit"] = _SoftmaxFit(job, space, ks, params)
     mean, std, hist = fit.stats()

@@ -27,7 +27,10 @@ if TYPE_CHECKING:  # a driver-side type: importing it pulls in pyspark.ml
 
 ASP = -1  #: the ``staleness`` value that means asynchronous (no clock waits)
 CLOCK_TIMEOUT = 3600.0  #: seconds a worker waits for the slowest one before failing
-DIMS_COLUMNS = 8  #: numbers each partition reports in the ``dims`` round (see `_dims`)
+DIMS_COLUMNS = 13  #: numbers each partition reports in the ``dims`` round (see `_dims`)
+#: where the ``dims`` round's label summary starts: refused, training rows, largest training
+#: label, largest validation label (-1: no such rows), negative or non-integer labels
+DIMS_LABELS = 8
 
 
 def _executor_id() -> str:
@@ -128,11 +131,15 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
     return loss_sum, weight_sum
 
 
-def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:
+def setup_rows(
+    prepared: PreparedData, dense_matrix: bool = False, refuse: bool = False
+) -> Callable:
     """The worker's read: its partition as a CSRBatch (or, for dense arrays when
     ``dense_matrix``, a DenseBatch), localized to the keys it touches. With a validation
     column (``prepared.validation_col``) its flagged rows are kept apart as ``vlocal``,
-    localized to the same keys, and ``local`` holds only the training rows."""
+    localized to the same keys, and ``local`` holds only the training rows. With `refuse`
+    a row the read refuses does not fail the task: the partition reports it in the
+    ``dims`` round (:meth:`WorkerContext.refuse`) and holds no rows."""
     features, label, weight, values = (
         prepared.features_col,
         prepared.label_col,
@@ -146,19 +153,29 @@ def setup_rows(prepared: PreparedData, dense_matrix: bool = False) -> Callable:
         t0 = time.perf_counter()
         if flag_col:
             batches = list(batches)  # read twice: the rows, then their flags
-        csr = read_partition(
-            batches,
-            features,
-            label_col=label,
-            weight_col=weight,
-            values_col=values,
-            dense_matrix=dense,  # dense arrays: a matrix, no index arrays (BLAS products)
-        )
+        try:
+            csr = read_partition(
+                batches,
+                features,
+                label_col=label,
+                weight_col=weight,
+                values_col=values,
+                dense_matrix=dense,  # dense arrays: a matrix, no index arrays (BLAS products)
+            )
+        except (ValueError, TypeError) as e:
+            if not refuse:
+                raise
+            ctx.refuse(f"partition {ctx.part}: {e}")
+            csr = CSRBatch.empty(0, labels=True, weights=weight is not None)
+            ctx.state["refused"] = True
+            flag_col_read = False
+        else:
+            flag_col_read = bool(flag_col)
         t1 = time.perf_counter()
         keys, local = csr.localize()
         ctx.state.update(rows=csr.n_rows, num_features=csr.num_features, keys=keys, local=local)
         ctx.state["train_top"] = int(keys[-1]) if keys.size else -1
-        if flag_col:
+        if flag_col_read:
             _split_validation(ctx.state, read_flags(batches, flag_col))
         ctx.state["setup_s"] = [t1 - t0, time.perf_counter() - t1]
 
@@ -177,8 +194,10 @@ def _split_validation(s: dict, flags: np.ndarray) -> None:
 
 def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """This partition's feature dimension and largest key (as exact 31-bit halves), how
-    long reading and localizing took, how many keys it touches, and the largest key its
-    training rows touch (halves again; the same key without validation rows)."""
+    long reading and localizing took, how many keys it touches, the largest key its
+    training rows touch (halves again; the same key without validation rows), and from
+    `DIMS_LABELS` on what the driver needs to count classes as MLlib does (see
+    `label_summary`)."""
     s = ctx.state
     top = int(s["keys"][-1]) if s["keys"].size else -1
     train_top = s.get("train_top", top)
@@ -191,8 +210,19 @@ def _dims(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         s["keys"].size,
         train_top >> 31,
         train_top & ((1 << 31) - 1),
+        float(bool(s.get("refused"))),
+        *label_summary(s["local"].labels, None if s.get("vlocal") is None else s["vlocal"].labels),
     ]
     ctx.contribute(round_, out.ravel())
+
+
+def label_summary(y: np.ndarray, yv: np.ndarray | None) -> list[float]:
+    """[training rows, largest training label, largest validation label (-1: none),
+    negative or non-integer labels among both]: the read already refused null and NaN."""
+    top = float(y.max()) if y.size else -1.0
+    vtop = float(yv.max()) if yv is not None and yv.size else -1.0
+    bad = sum(int(np.count_nonzero((a < 0) | (a != np.floor(a)))) for a in (y, yv) if a is not None)
+    return [float(y.size), top, vtop, float(bad)]
 
 
 def _keys(ctx: WorkerContext, round_: int, cmd: dict) -> None:
