@@ -123,6 +123,55 @@ def test_the_key_silences_a_fit(spark_ps, lr_data, session_conf, monkeypatch, ca
     assert capsys.readouterr().err == ""
 
 
+def _other_fit(kind: str, max_iter: int):
+    """(estimator, its bar's name) of a fit other than LogisticRegression."""
+    from spark_ps.ml.classification import FMClassifier, LinearSVC
+    from spark_ps.ml.regression import LinearRegression
+
+    return {
+        "LinearRegression": LinearRegression(maxIter=max_iter, regParam=0.1, solver="l-bfgs"),
+        "LinearSVC": LinearSVC(maxIter=max_iter, regParam=0.01),
+        "FMClassifier": FMClassifier(maxIter=max_iter, stepSize=0.5, seed=1),
+    }[kind], f"spark-ps {kind}"
+
+
+def _history(model) -> list[float]:
+    """The fit's objective history (LinearSVC's and FM's summary is a method, as MLlib's)."""
+    summary = model.summary() if callable(model.summary) else model.summary
+    return summary.objectiveHistory
+
+
+@pytest.mark.parametrize("kind", ["LinearRegression", "LinearSVC", "FMClassifier"])
+def test_linear_and_fm_fits_show_a_bar_and_write_each_iterations_loss(
+    spark_ps, lr_data, session_conf, capsys, tmp_path, kind
+):
+    session_conf("spark.ps.progress", "true")
+    session_conf("spark.ps.logDir", str(tmp_path))
+    est, name = _other_fit(kind, 6)
+    model = est.fit(lr_data)
+    history = _history(model)
+    n = len(history) - 1  # MLlib's totalIterations: the first value is the start point's
+    assert n >= 2
+    err = capsys.readouterr().err
+    assert f"{name}:" in err and f"| {n}/6 [" in err and f"loss={history[-1]:.6g}]" in err, err
+    (fit_dir,) = glob.glob(str(tmp_path / f"{kind}-*"))
+    events = _events(fit_dir)
+    assert [step for step, _, _ in events] == list(range(1, n + 1))
+    assert {tag for _, tag, _ in events} == {"loss"}
+    np.testing.assert_allclose([v for *_, v in events], history[1:], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["LinearRegression", "LinearSVC", "FMClassifier"])
+def test_the_key_silences_linear_and_fm_fits(
+    spark_ps, lr_data, session_conf, monkeypatch, capsys, kind
+):
+    monkeypatch.setenv("SPARK_PS_PROGRESS", "1")
+    session_conf("spark.ps.progress", "false")
+    est, _ = _other_fit(kind, 3)
+    assert len(_history(est.fit(lr_data))) >= 2
+    assert capsys.readouterr().err == ""
+
+
 def test_a_bad_key_fails_the_fit_naming_it(spark_ps, lr_data, session_conf):
     from spark_ps.ml.classification import LogisticRegression
 

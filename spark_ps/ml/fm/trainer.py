@@ -29,6 +29,7 @@ import numpy as np
 
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.fm.worker import HANDLERS, setup_rows
@@ -126,7 +127,12 @@ def _fit(job, ps, factors, linear, nf: int, params: dict, loss: str, initial_fac
                 f"initial factors of shape {v0.shape}, expected ({nf}, {params['factorSize']})"
             )
         factors.update(np.arange(nf, dtype=np.int64), v0)
-    history, iters = _iterate(job, ps, factors, linear, nf, params, loss)
+    estimator = "FMClassifier" if loss == "logistic" else "FMRegressor"
+    bar = Progress(f"spark-ps {estimator}", int(params["maxIter"]))
+    try:
+        history, iters = _iterate(job, ps, factors, linear, nf, params, loss, bar)
+    finally:
+        bar.close()
     keys, v = factors.pull()
     lkeys, w = linear.pull()
     lkeys, w = np.asarray(lkeys), np.asarray(w, dtype=np.float64).reshape(-1)
@@ -146,14 +152,23 @@ def _fit(job, ps, factors, linear, nf: int, params: dict, loss: str, initial_fac
     )
 
 
-def _iterate(job, ps, factors, linear, nf: int, params: dict, loss: str) -> tuple[list, int]:
+def _iterate(
+    job, ps, factors, linear, nf: int, params: dict, loss: str, bar: Progress
+) -> tuple[list, int]:
     """MLlib's GradientDescent loop; returns (objective history, iterations run).
 
     As MLlib 4.3's: a fit that runs all maxIter steps without converging ends with one
     more pass that only measures the objective at the final weights, so its history holds
-    maxIter + 1 values (the first at the initial weights).
+    maxIter + 1 values (the first at the initial weights). `bar` gets each value past the
+    first as it is measured: the objective after that many steps (as LR's progress).
     """
     history: list[float] = []
+
+    def measured(value: float) -> None:
+        history.append(value)
+        if len(history) > 1:  # the first is the initial weights' objective
+            bar.update(len(history) - 1, loss=value)
+
     stepped, converged = 0, False
     reg, tol, max_iter = float(params["regParam"]), float(params["tol"]), int(params["maxIter"])
     specs = [factors.spec, linear.spec]
@@ -179,7 +194,7 @@ def _iterate(job, ps, factors, linear, nf: int, params: dict, loss: str) -> tupl
             continue
         if last:
             norm2 = sum(m["sumsq"] for m, _ in ps.client.call("fm.sumsq", specs, direct=False))
-            history.append(loss_sum / count + 0.5 * reg * norm2)
+            measured(loss_sum / count + 0.5 * reg * norm2)
             break
         lr = float(params["stepSize"]) / (math.sqrt(i) if params["solver"] == "gd" else 1.0)
         args = {
@@ -192,7 +207,7 @@ def _iterate(job, ps, factors, linear, nf: int, params: dict, loss: str) -> tupl
         }
         res = [m for m, _ in ps.client.call("fm.step", specs, args)]
         before, after, diff = (sum(m[k] for m in res) for k in ("before", "after", "diff"))
-        history.append(loss_sum / count + 0.5 * reg * before)
+        measured(loss_sum / count + 0.5 * reg * before)
         stepped += 1
         converged = stepped > 1 and math.sqrt(diff) < tol * max(math.sqrt(after), 1.0)
     return history, min(i, max_iter)

@@ -26,6 +26,7 @@ import numpy as np
 
 from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.linear.rounds import HANDLERS, LABEL_STATS
@@ -253,9 +254,22 @@ class _Solve:
             fit.objective_history, fit.total_iterations = [0.0], 0
             fit.diag_inv_atwa = self._diag_inv_atwa()
             return fit
-        res = minimize_lbfgs(
-            space, evaluate, x, max_iter=p.max_iter, tol=p.tol, m=10, l1=l1, **hooks
-        )
+        # the bar, the status page's curve and TensorBoard: the loss after each iteration
+        bar = Progress(f"spark-ps {self.job.name.split('(')[0]}", p.max_iter)
+        try:
+            res = minimize_lbfgs(
+                space,
+                evaluate,
+                x,
+                max_iter=p.max_iter,
+                tol=p.tol,
+                m=10,
+                l1=l1,
+                callback=lambda info: bar.update(info.iteration, loss=info.value),
+                **hooks,
+            )
+        finally:
+            bar.close()
         return self._result(res, vecs, centered, mean, y_mean, y_std)
 
     def _diag_inv_atwa(self) -> list[float]:
