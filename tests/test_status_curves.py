@@ -1,8 +1,9 @@
 """The status page's live curves of a GBT fit (tree count, training and validation loss per
-tree), of a LogisticRegression fit (loss and validation AUC per iteration) and of an FTRL
-stream (each micro-batch's window metrics): real local[2] Spark, an embedded PS with
-``spark.ps.uiPort=0``, the curves read back from the page and its JSON and compared with
-what the model and the learner report."""
+tree), of a LogisticRegression fit (loss and validation AUC per iteration), of
+LinearRegression and FM fits (loss per iteration) and of an FTRL stream (each micro-batch's
+window metrics): real local[2] Spark, an embedded PS with ``spark.ps.uiPort=0``, the curves
+read back from the page and its JSON and compared with what the model and the learner
+report."""
 
 from __future__ import annotations
 
@@ -135,6 +136,37 @@ def test_lr_reports_each_iterations_loss_and_validation_auc(spark, ui_ps):
     assert 0.8 < aucs[-1] <= 1.0  # a separable signal: the held-out rows rank well
     for metric in ("loss", "validation auc"):
         assert _svg_points(html, fit["fit"], metric) == iters
+
+
+@pytest.mark.parametrize("kind", ["LinearRegression", "FMClassifier"])
+def test_linear_and_fm_fits_report_each_iterations_loss(spark, ui_ps, kind):
+    from pyspark.ml.linalg import Vectors
+
+    from spark_ps.ml.classification import FMClassifier
+    from spark_ps.ml.regression import LinearRegression
+
+    rng = np.random.default_rng(7)
+    n = 400
+    X = rng.normal(size=(n, 4))
+    y = (X @ [1.0, -1.0, 0.5, 0.0] + rng.normal(size=n) > 0).astype(float)
+    df = spark.createDataFrame(
+        [(float(y[i]), Vectors.dense(X[i])) for i in range(n)], ["label", "features"]
+    )
+    if kind == "LinearRegression":
+        model = LinearRegression(maxIter=8, regParam=0.1, solver="l-bfgs").fit(df)
+        history = model.summary.objectiveHistory
+    else:
+        model = FMClassifier(maxIter=8, stepSize=0.5, seed=1).fit(df)
+        history = model.summary().objectiveHistory
+    iters = len(history) - 1  # the first value is the start point's
+    html, fits = _page(ui_ps)
+    fit = [f for f in fits if f["name"] == f"spark-ps {kind}"][-1]
+    assert fit["finished"] and fit["unit"] == "iteration" and fit["total"] == 8
+    assert fit["done"] == iters >= 3
+    points = fit["points"]
+    assert [p["done"] for p in points] == list(range(1, iters + 1))
+    assert np.allclose([p["loss"] for p in points], history[1:], rtol=1e-12)
+    assert _svg_points(html, fit["fit"], "loss") == iters
 
 
 @pytest.mark.slow
