@@ -224,6 +224,16 @@ def _wait_for_shards(address: str, token: str, tls_ca: bytes | None, timeout: fl
     )
 
 
+def _log_status_page(ui_url: str | None) -> None:
+    """Name the PS's status page (never the token) in the log, when it serves one."""
+    if ui_url:
+        log.warning(
+            "spark-ps status page: %s (it asks for the PS token: PSContext.token, as "
+            "?token=... or 'Authorization: Bearer ...')",
+            ui_url,
+        )
+
+
 def _launch(cmd: list[str], env: dict) -> subprocess.Popen:
     """Start the service from a thread that lives as long as this process.
 
@@ -337,6 +347,7 @@ class PSContext:
                     )
                     _wait_for_shards(address, token, kw["tls_ca"], float(timeout))
                 ctx = cls(address, token, **kw)
+                _log_status_page(ctx.ui_url)  # the service's --ui-port, from its shard map
             else:
                 ctx = cls._start_embedded(spark, conf, token or new_token(), kw)
             cls._active = ctx
@@ -405,12 +416,7 @@ class PSContext:
         ctx.ui_url = ui_url
         atexit.register(ctx.stop)
         log.info("embedded PS with %d shards at %s (pid %d)", shards, address, proc.pid)
-        if ui_url:
-            log.warning(
-                "spark-ps status page: %s (it asks for the PS token: PSContext.token, as "
-                "?token=... or 'Authorization: Bearer ...')",
-                ui_url,
-            )
+        _log_status_page(ui_url)
         return ctx
 
     def _stop_with(self, sc) -> None:

@@ -4,6 +4,7 @@ real HTTP, figures checked against what the PS itself says."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -176,19 +177,24 @@ def test_killed_shard_shows_as_a_restart(service):
 
 
 @pytest.mark.slow
-def test_an_external_service_s_page_is_named_in_the_shard_map_and_the_job(service):
-    """A context on an external service (`--ui-port`) knows its page from the shard map, and
-    a fit's Spark job description links to it (without the token)."""
+def test_an_external_service_s_page_is_named_in_the_shard_map_and_the_job(service, caplog):
+    """A context on an external service (`--ui-port`) knows its page from the shard map, logs
+    it, and a fit's Spark job description links to it (without the token)."""
     from spark_ps import PSContext
     from spark_ps.ml._job import job_description
 
-    ctx = PSContext(service["address"], TOKEN)
+    previous, PSContext._active = PSContext._active, None
+    with caplog.at_level(logging.WARNING, logger="spark_ps.context"):
+        ctx = PSContext.getOrCreate(address=service["address"], token=TOKEN)
     try:
         assert ctx.ui_url == service["ui"] and not ctx.embedded
+        assert f"spark-ps status page: {service['ui']} (" in caplog.text
+        assert TOKEN not in caplog.text
         text = job_description("LogisticRegression(maxIter=3)", ctx)
         assert text.endswith(f"PS status page {service['ui']}") and TOKEN not in text
         assert _get(ctx.ui_url, TOKEN)[0] == 200
     finally:
+        PSContext._active = previous
         ctx.stop()
         ctx.client.close()
 
