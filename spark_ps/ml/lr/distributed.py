@@ -415,9 +415,11 @@ def _solve(
     bar = Progress("spark-ps LogisticRegression", int(params["maxIter"]))
     timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar, fit, aucs)
 
-    res = solve(space, timed_evaluate, x, built.get("box"), params, vecs.l1_weight, progress,
-                lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
-    bar.close()
+    try:  # a failed attempt ends its curve too
+        res = solve(space, timed_evaluate, x, built.get("box"), params, vecs.l1_weight, progress,
+                    lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
+    finally:
+        bar.close()
     phases.mark("iterations")
     log.info("evaluations: %s", {k: round(v, 3) for k, v in fit.spent.items()})
     built["x"] = res.x  # the solver's working vectors were swapped: release the live one

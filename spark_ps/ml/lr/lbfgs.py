@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from spark_ps.context import PSContext
-from spark_ps.ml._job import PSJob
+from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr.distributed import _Phases, lr_job, read_dims, train_lbfgs_binomial
 from spark_ps.ml.lr.estimator import LabelRules, TrainResult, register_trainer
@@ -48,7 +48,8 @@ def train_lbfgs(
             if refused:
                 raise ValueError(refused)
         except Exception:
-            job.stop(raise_errors=False)  # it holds the task slots the check job needs
+            # it holds the task slots the check job needs (a PS gone must not hide the error)
+            best_effort(f"{job.name}: stopping the worker job", lambda: job.stop(False))
             labels.check_rows()  # MLlib's error for the first bad row, if there is one
             raise
         num_classes, multinomial = labels.decide(_label_counts(dims, prepared))

@@ -108,29 +108,31 @@ def _epochs(job, ps, prepared, params, prefix: str, solver: str, opt: dict, l2: 
         bar = Progress(
             f"spark-ps LogisticRegression ({solver})", int(params["maxIter"]), unit="epoch"
         )
-        for epoch in range(int(params["maxIter"])):
-            _, (loss, wsum) = job.call(
-                "epoch",
-                keyset=ks.keyset.name,
-                model=model.name,
-                dim=dim,
-                fit_intercept=fit_intercept,
-                l2=l2,
-                batch_size=int(params["batchSize"]),
-                seed=int(epoch),
-                staleness=staleness,
-                num_workers=prepared.num_workers,
-                clock_timeout=CLOCK_TIMEOUT,
-                round_base=base,
-            )
-            history.append(loss / wsum)
-            stamps.append(time.perf_counter() - t_start)
-            bar.update(epoch + 1, loss=history[-1])
-            if len(history) > 1 and abs(history[-2] - history[-1]) <= params["tol"] * abs(
-                history[-2]
-            ):
-                break
-        bar.close()
+        try:  # a failed attempt ends its curve too
+            for epoch in range(int(params["maxIter"])):
+                _, (loss, wsum) = job.call(
+                    "epoch",
+                    keyset=ks.keyset.name,
+                    model=model.name,
+                    dim=dim,
+                    fit_intercept=fit_intercept,
+                    l2=l2,
+                    batch_size=int(params["batchSize"]),
+                    seed=int(epoch),
+                    staleness=staleness,
+                    num_workers=prepared.num_workers,
+                    clock_timeout=CLOCK_TIMEOUT,
+                    round_base=base,
+                )
+                history.append(loss / wsum)
+                stamps.append(time.perf_counter() - t_start)
+                bar.update(epoch + 1, loss=history[-1])
+                if len(history) > 1 and abs(history[-2] - history[-1]) <= params["tol"] * abs(
+                    history[-2]
+                ):
+                    break
+        finally:
+            bar.close()
         keys, ids = ks.touched()
         w = model.pull()
         intercept = float(w[ks.size]) if fit_intercept else 0.0

@@ -254,9 +254,11 @@ def _solve(
     timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
     box = built.get("box")
-    res = solve(space, timed_evaluate, x, box, params, vecs.l1_weight, progress,
-                lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
-    bar.close()
+    try:  # a failed attempt ends its curve too
+        res = solve(space, timed_evaluate, x, box, params, vecs.l1_weight, progress,
+                    lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
+    finally:
+        bar.close()
     phases.mark("iterations")
     built["x"] = res.x  # the solver's working vectors were swapped: release the live one
     intercepts = fit.offsets(res.x, vecs)
