@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -273,12 +274,7 @@ def _key_space(
 
 
 def train_lbfgs_binomial(
-    prepared: PreparedData,
-    params: dict,
-    *,
-    job: PSJob | None = None,
-    dims: np.ndarray | None = None,
-    phases: _Phases | None = None,
+    prepared: PreparedData, params: dict, job: PSJob, dims: np.ndarray | None, phases: _Phases
 ) -> TrainResult:
     """Fit MLlib's binomial objective on the PS (the `lbfgs` trainer of LogisticRegression,
     ``spark_ps.ml.lr.lbfgs``, for a binomial fit).
@@ -287,27 +283,38 @@ def train_lbfgs_binomial(
     gradient and zero std, so MLlib gives it coefficient 0): vectors have K (+1) entries
     however large the key space, and the driver holds none of them (but, to survive a
     shard restart without PS checkpoints, a copy of the iterate every
-    ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`). `job`: a running
-    worker job to fit on (its owner stops it), whose ``dims`` round answered `dims`.
+    ``checkpointInterval`` iterations: see `spark_ps.ml._recovery`). `job`: the running
+    worker job (:func:`lr_job`; its owner stops it), whose ``dims`` round answered `dims`
+    if it was asked already.
     """
-    phases = phases or _Phases(time.perf_counter())
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    if job is None:
-        with lr_job(ps, prepared, params) as job:
-            return train_lbfgs_binomial(prepared, params, job=job, phases=phases)
-    interval = params.get("checkpointInterval", -1)
-    recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-    built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
     stamps: list[float] = []  # iteration timestamps, over every attempt
     aucs: list[float] = []  # validation AUC per iteration, over every attempt
+    return run_attempts(
+        job,
+        params,
+        lambda built, prefix: _set_up(built, job, ps, prepared, params, phases, prefix, dims),
+        lambda built, recovery, resume: _solve(
+            built, stamps, params, phases, recovery, resume, aucs
+        ),
+    )
+
+
+def run_attempts(job: PSJob, params: dict, set_up: Callable, solve: Callable) -> TrainResult:
+    """An L-BFGS fit's attempts under `FitRecovery`: ``set_up(built, prefix)`` fills
+    `built` (the set-up: kept when a rollback restores its tensors, made again otherwise),
+    ``solve(built, recovery, resume)`` runs the solver, unless the set-up decided the
+    result (``built["result"]``); what the set-up made is released at the end."""
+    recovery = FitRecovery(job, params.get("checkpointInterval", -1), ps_state=True, what=job.name)
+    built: dict = {}
 
     def attempt(resume: dict | None) -> TrainResult:
         if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
             _release(built)
-            _set_up(built, job, ps, prepared, params, phases, recovery.prefix, dims)
+            set_up(built, recovery.prefix)
         if "result" in built:
             return built["result"]
-        return _solve(built, stamps, params, phases, recovery, resume, aucs)
+        return solve(built, recovery, resume)
 
     try:
         return recovery.run(attempt)

@@ -30,32 +30,38 @@ def train_lbfgs(
     read the rows (the ``dims`` round, before any PS model exists), and the binomial or
     multinomial fit goes on in the same worker job. Only when a worker's read refused a row
     does the estimator's Spark job run, to word MLlib's error."""
-    if labels is None:
-        if params.get("multinomial"):
-            if prepared.validation_col is not None:
-                raise ValueError(
-                    "validationIndicatorCol is supported by the binomial L-BFGS fit, not by a "
-                    f"multinomial one ({params.get('numClasses')} classes)"
-                )
-            return train_lbfgs_multinomial(prepared, params)
-        return train_lbfgs_binomial(prepared, params)
+    if labels is None and params.get("multinomial") and prepared.validation_col is not None:
+        raise ValueError(
+            "validationIndicatorCol is supported by the binomial L-BFGS fit, not by a "
+            f"multinomial one ({params.get('numClasses')} classes)"
+        )
     phases = _Phases(time.perf_counter())
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    with lr_job(ps, prepared, params, refuse=True) as job:
-        try:  # (an empty input may have ended the job at once)
-            dims = read_dims(job, phases)
-            refused = _refused(job, prepared, dims)
-            if refused:
-                raise ValueError(refused)
-        except Exception:
-            # it holds the task slots the check job needs (a PS gone must not hide the error)
-            best_effort(f"{job.name}: stopping the worker job", lambda: job.stop(False))
-            labels.check_rows()  # MLlib's error for the first bad row, if there is one
-            raise
-        num_classes, multinomial = labels.decide(_label_counts(dims, prepared))
-        params = dict(params, numClasses=num_classes, multinomial=multinomial)
-        fit = train_lbfgs_multinomial if multinomial else train_lbfgs_binomial
-        return fit(prepared, params, job=job, dims=dims, phases=phases)
+    with lr_job(ps, prepared, params, refuse=labels is not None) as job:
+        dims = None
+        if labels is not None:
+            dims = _read_rows(job, prepared, labels, phases)
+            num_classes, multinomial = labels.decide(_label_counts(dims, prepared))
+            params = dict(params, numClasses=num_classes, multinomial=multinomial)
+        fit = train_lbfgs_multinomial if params.get("multinomial") else train_lbfgs_binomial
+        return fit(prepared, params, job, dims, phases)
+
+
+def _read_rows(job: PSJob, prepared: PreparedData, labels: LabelRules, phases) -> np.ndarray:
+    """The ``dims`` round; if a worker's read refused a row (or the job ended before it
+    answered: an empty input), the job stops and the estimator's check job words MLlib's
+    error (else the workers' reason is the error)."""
+    try:
+        dims = read_dims(job, phases)
+        refused = _refused(job, prepared, dims)
+        if refused:
+            raise ValueError(refused)
+    except Exception:
+        # it holds the task slots the check job needs (a PS gone must not hide the error)
+        best_effort(f"{job.name}: stopping the worker job", lambda: job.stop(False))
+        labels.check_rows()  # MLlib's error for the first bad row, if there is one
+        raise
+    return dims
 
 
 def _refused(job: PSJob, prepared: PreparedData, dims: np.ndarray) -> str:

@@ -16,7 +16,6 @@ the binomial fit's L-BFGS-B (:mod:`spark_ps.ml.lr.bounded`) over the flat values
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
@@ -30,10 +29,9 @@ from spark_ps.ml.lr.distributed import (
     _key_space,
     _KeySpace,
     _Phases,
-    _release,
     _resume_hooks,
     _timed,
-    lr_job,
+    run_attempts,
     solve,
 )
 from spark_ps.ml.lr.estimator import TrainResult
@@ -149,41 +147,22 @@ class _SoftmaxFit:
 
 
 def train_lbfgs_multinomial(
-    prepared: PreparedData,
-    params: dict,
-    *,
-    job: PSJob | None = None,
-    dims: np.ndarray | None = None,
-    phases: _Phases | None = None,
+    prepared: PreparedData, params: dict, job: PSJob, dims: np.ndarray | None, phases: _Phases
 ) -> TrainResult:
     """Fit MLlib's multinomial objective on the PS (``params["numClasses"]`` classes).
 
     Recovery as the binomial fit's (`spark_ps.ml.lr.distributed.train_lbfgs_binomial`): set-up
     inside the attempt, so a shard restart at any moment redoes what it lost, and a warm
     restart from the iterate the driver held (up to 2^27 coefficients, keys x classes).
-    `job`, `dims`: as the binomial fit's."""
-    phases = phases or _Phases(time.perf_counter())
+    `job`, `dims`, `phases`: as the binomial fit's."""
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    if job is None:
-        with lr_job(ps, prepared, params) as job:
-            return train_lbfgs_multinomial(prepared, params, job=job, phases=phases)
-    interval = params.get("checkpointInterval", -1)
-    recovery = FitRecovery(job, interval, ps_state=True, what=job.name)
-    built: dict = {}  # the current set-up (kept when a rollback restores its tensors)
     stamps: list[float] = []  # iteration timestamps, over every attempt
-
-    def attempt(resume: dict | None) -> TrainResult:
-        if resume is None or not recovery.from_checkpoint:  # (again) from the set-up
-            _release(built)
-            _set_up(built, job, ps, prepared, params, phases, recovery.prefix, dims)
-        if "result" in built:
-            return built["result"]
-        return _solve(built, stamps, params, phases, recovery, resume)
-
-    try:
-        return recovery.run(attempt)
-    finally:  # clean-up must not hide the fit's own error (see best_effort)
-        _release(built)
+    return run_attempts(
+        job,
+        params,
+        lambda built, prefix: _set_up(built, job, ps, prepared, params, phases, prefix, dims),
+        lambda built, recovery, resume: _solve(built, stamps, params, phases, recovery, resume),
+    )
 
 
 def _set_up(
