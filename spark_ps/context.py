@@ -58,6 +58,12 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
                            ``[tensorboard]`` extra; default: none); read at each fit
 ``spark.ps.workerDaemon``  ``false``: local-mode Python workers fork from pyspark's own
                            daemon instead of ``spark_ps.worker_daemon`` (default true)
+``spark.ps.parseCache``    ``false``: fits on a persisted DataFrame neither save their
+                           workers' parsed rows nor read saved ones (default true: a
+                           refit on the same cached input skips the Arrow pass, see
+                           ``spark_ps.ml.parse_cache``); read at each fit
+``spark.ps.parseCache.maxMB`` parsed rows kept per executor, in its Spark local
+                           directory; the least recently used go first (default 8192)
 =========================  ==========================================================
 """
 

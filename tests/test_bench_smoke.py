@@ -13,7 +13,7 @@ def test_lr_bench_prints_the_fit_against_its_compute_floor(spark, capsys):
     rows = bench_lr.main(
         [
             "--impl", "mllib,sparkps", "--datasets", "synthetic", "--log2-dims", "12",
-            "--rows", "3000", "--nnz", "8", "--max-iter", "5", "--no-warmup",
+            "--rows", "3000", "--nnz", "8", "--max-iter", "5", "--no-warmup", "--refit",
         ]
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -25,5 +25,8 @@ def test_lr_bench_prints_the_fit_against_its_compute_floor(spark, capsys):
     )
     assert "x the floor; costs (s):" in out and "worker pull" in out
     assert "| fit/floor |" in out
+    # the refit reads the first fit's saved parses and reaches the same loss
+    assert ours["refit/floor"] == pytest.approx(ours["refit s"] / ours["floor s"])
+    assert "refit" in out and "the floor (final loss" in out
     mllib = next(r for r in rows if r["impl"] == "mllib")
     assert mllib["status"] == "ok" and mllib.get("floor s") is None

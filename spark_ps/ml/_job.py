@@ -55,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger("spark_ps.job")
 
-_DONE_SCHEMA = "partition long, rows long"
+_DONE_SCHEMA = "partition long, rows long, saved boolean"
 _MAX_LAUNCHES = "spark.stage.maxConsecutiveAttempts"
 #: How Spark words the abort of a barrier result stage whose task failed (or whose
 #: executor died): the one failure a relaunch answers. A cancelled job or a stopped
@@ -262,7 +262,11 @@ def run_worker_loop(
             watch.stop()
         rows = int(ctx.state.get("rows", 0))
         yield pa.RecordBatch.from_pydict(
-            {"partition": pa.array([ctx.part], pa.int64()), "rows": pa.array([rows], pa.int64())}
+            {
+                "partition": pa.array([ctx.part], pa.int64()),
+                "rows": pa.array([rows], pa.int64()),
+                "saved": pa.array([bool(ctx.state.get("parse_saved"))], pa.bool_()),
+            }
         )
 
     def _rewind(ctx: WorkerContext, round_: int, cmd: dict) -> None:
@@ -406,8 +410,11 @@ def job_description(name: str, ps) -> str:
 class PSJob:
     """Driver side of one fit: launch the barrier job, post commands, collect answers."""
 
-    def __init__(self, ps, df, num_workers: int, setup, handlers, name: str):
+    def __init__(self, ps, df, num_workers: int, setup, handlers, name: str, parse=None):
+        """`parse`: a :class:`~spark_ps.ml.parse_cache.ParsePlan` when `setup` saves or
+        reads parsed partitions (then the first launch may read saved ones)."""
         self.ps, self.num_workers, self.name = ps, num_workers, name
+        self._parse = parse
         self.topic = f"job-{uuid.uuid4().hex[:12]}"
         self.round = 0
         self._state_round = 0
@@ -435,9 +442,10 @@ class PSJob:
                 self._uncapped = _uncap_arrow_bytes(conf)
             except Exception:  # noqa: BLE001 - only a speed-up: the job runs capped
                 log.debug("%s: could not lift %s", self.name, _ARROW_BYTES, exc_info=True)
-        launches = _max_launches(self._sc)
+        launches, launch = _max_launches(self._sc), 0
         try:
-            for launch in range(1, launches + 1):
+            while launch < launches:
+                launch += 1
                 try:
                     if launch > 1:  # tasks of an earlier launch still waiting end now
                         self.ps.client.post(f"{self.topic}/launch", launch, {"launch": launch})
@@ -456,6 +464,9 @@ class PSJob:
                             str(e)[str(e).find(_BARRIER_ABORT) :][:300],
                         )
                         return
+                    if self._missed_parse(e):
+                        launches += 1  # not a failure: the rows are read instead
+                        continue
                     if (
                         self._stopping
                         or launch == launches
@@ -481,7 +492,29 @@ class PSJob:
         collecting a Dataset whose stage failed throws that failure again without
         starting a job. Its tasks know their launch (see `next_command`)."""
         fn = run_worker_loop(*self._loop_args, launch=launch)
-        return self._source.mapInArrow(fn, _DONE_SCHEMA, barrier=True)
+        source = self._source
+        if self._parse is not None and self._parse.read:
+            if launch == 1:
+                source = self._parse.marker_df(source)
+            else:  # a relaunch reads the rows (an executor may be new)
+                self._parse.read = False
+        return source.mapInArrow(fn, _DONE_SCHEMA, barrier=True)
+
+    def _missed_parse(self, error: BaseException) -> bool:
+        """Did the first launch fail because a partition's saved parse was not on its
+        executor? Then the rows are read in a relaunch that does not count as a failure."""
+        if self._parse is None or not self._parse.read or self._stopping:
+            return False
+        if not _task_failed(error) or "ParseCacheMiss" not in str(error):
+            return False
+        self._parse.missed()
+        log.info("spark-ps %s: a saved parse was not on its executor; reading the rows", self.name)
+        return True
+
+    @property
+    def read_saved_parse(self) -> bool:
+        """Did the workers read saved parses instead of their rows (no Arrow pass)?"""
+        return self._parse is not None and self._parse.read and self.error is None
 
     def _restore_cap(self) -> None:
         """Put the session's Arrow byte cap back, once: as soon as the workers answer a
@@ -623,6 +656,10 @@ class PSJob:
         self._stopping = True  # a failure from here on ends the job: no relaunch
         self.command("stop")
         self._thread.join(timeout=120)
+        if self._parse is not None and self.result is not None and self.error is None:
+            self._parse.saved([bool(r["saved"]) for r in self.result])
+            if self._parse.read:
+                log.info("spark-ps %s: the workers read their saved parses", self.name)
         if raise_errors and self.error is not None:
             raise self._failed() from self.error
 

@@ -54,6 +54,7 @@ from pyspark.sql import types as T
 from spark_ps import _jvm
 from spark_ps.data import VALIDATION_FLAG, CSRBatch, arrow_to_csr
 from spark_ps.ml._job import num_partitions
+from spark_ps.ml.parse_cache import persisted_input_key
 
 __all__ = [
     "feature_checks",
@@ -259,6 +260,9 @@ class PreparedData:
     num_workers: int
     #: the boolean column of ``df`` flagging validation rows (``VALIDATION_FLAG``), or None
     validation_col: str | None = None
+    #: what identifies the rows of ``df`` when the input is persisted (its cached data's
+    #: RDD, plan and the columns read), else None: see :mod:`spark_ps.ml.parse_cache`
+    input_key: str | None = None
 
 
 def prepare_fit_data(
@@ -311,6 +315,9 @@ def prepare_fit_data(
             RuntimeWarning,
             stacklevel=3,
         )
+    input_key = persisted_input_key(
+        dataset, features_col, label_col, weight_col, values_col, validation_col, workers
+    )
     if validation_col:
         dataset = dataset.where(F.col(_quote(validation_col)).isNotNull())
         cols.append(F.col(_quote(validation_col)).alias(VALIDATION_FLAG))
@@ -321,7 +328,15 @@ def prepare_fit_data(
         df = df.repartition(workers)
     flag = VALIDATION_FLAG if validation_col else None
     return PreparedData(
-        df, features_col, label_col, weight_col or None, values_col or None, kind, workers, flag
+        df,
+        features_col,
+        label_col,
+        weight_col or None,
+        values_col or None,
+        kind,
+        workers,
+        flag,
+        f"{input_key}|{kind}" if input_key else None,
     )
 
 

@@ -38,6 +38,7 @@ from spark_ps.ml.gbt import boost_worker
 from spark_ps.ml.gbt.boost_worker import early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
 from spark_ps.ml.gbt.rounds import HANDLERS, VAL, setup_rows
+from spark_ps.ml.parse_cache import plan_parse
 from spark_ps.ml.tree.binning import (
     QuantileSketch,
     _reduce,
@@ -247,13 +248,16 @@ def train_gbt(
         df = df.repartition(data.num_workers)
     ps = PSContext.getOrCreate(df.sparkSession)
     t0 = time.perf_counter()
+    # the training rows alone may come from a saved parse (a validation set is another input)
+    parse = None if validation is not None else plan_parse(data, f"gbt|{ROWS}")
     with PSJob(
         ps,
         df,
         data.num_workers,
-        setup_rows(data),
+        setup_rows(data, parse),
         HANDLERS,
         name=f"{type(loss).__name__[1:]} GBT(maxIter={p.maxIter})",
+        parse=parse,
     ) as job:
         interval = params.get("checkpointInterval", -1)
         recovery = FitRecovery(

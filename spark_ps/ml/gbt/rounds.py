@@ -17,6 +17,7 @@ import numpy as np
 
 from ps_server.keys import mix64
 from spark_ps.data import VALIDATION_FLAG, read_flags, read_partition
+from spark_ps.ml import parse_cache
 from spark_ps.ml._job import WorkerContext, _latest
 from spark_ps.ml.gbt.boost_worker import boost, tree_topic
 from spark_ps.ml.tree import kernels
@@ -42,8 +43,14 @@ def _row_ids(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return h.view(np.int64)
 
 
-def setup_rows(prepared: PreparedData) -> Callable:
-    """The job's set-up: each task reads its rows into dense numpy arrays."""
+#: what a worker keeps of its read, and saves with a parse
+_PARSED = ("rows", "num_features", "X", "y", "w", "Xv", "yv", "wv", "ids")
+
+
+def setup_rows(prepared: PreparedData, parse: parse_cache.ParsePlan | None = None) -> Callable:
+    """The job's set-up: each task reads its rows into dense numpy arrays. With `parse` it
+    saves them (:mod:`spark_ps.ml.parse_cache`), or reads them back when the job's input is
+    the plan's marker column."""
     features, label, weight = prepared.features_col, prepared.label_col, prepared.weight_col
     submitted = time.time()
     # _dense_rows hands vectors over packed (or as array<double>): read them into a matrix
@@ -56,6 +63,11 @@ def setup_rows(prepared: PreparedData) -> Callable:
         t0 = time.perf_counter()
         batches = list(batches)
         t1 = time.perf_counter()
+        if batches and parse_cache.is_marker(batches[0].schema):
+            rows_in = parse_cache.count_rows(batches)
+            ctx.state.update(parse_cache.load(parse, ctx.part, rows_in), parse_saved=True)
+            prof["arrow"] = time.perf_counter() - t0
+            return
         try:
             csr = read_partition(batches, features, label_col=label, weight_col=weight, **dense)
         except (ValueError, TypeError) as e:  # reported at `meta`: the driver names the rows
@@ -83,6 +95,9 @@ def setup_rows(prepared: PreparedData) -> Callable:
             num_features=csr.num_features,
         )
         ctx.state["ids"] = _row_ids(ctx.state["X"], ctx.state["y"], ctx.state["w"])
+        if parse is not None:
+            parsed = {k: ctx.state[k] for k in _PARSED}
+            ctx.state["parse_saved"] = parse_cache.save(parse, ctx.part, parsed, csr.n_rows)
         prof["arrow"], prof["csr"] = t1 - t0, t2 - t1
         prof["dense"] = time.perf_counter() - t2
 

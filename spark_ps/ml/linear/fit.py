@@ -34,7 +34,7 @@ from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _release, _result,
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
 from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
-from spark_ps.ml.lr.rounds import setup_rows
+from spark_ps.ml.lr.rounds import rows_job
 from spark_ps.models import PSMatrix
 
 __all__ = ["LinearProblem", "LinearFit", "train_linear"]
@@ -108,8 +108,7 @@ def train_linear(prepared: PreparedData, problem: LinearProblem, name: str) -> L
     if problem.loss not in LOSSES:
         raise ValueError(f"loss {problem.loss!r} is not one of {', '.join(LOSSES)}")
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
-    setup = setup_rows(prepared, dense_matrix=True)
-    job = PSJob(ps, prepared.df, prepared.num_workers, setup, HANDLERS, name=name)
+    job = rows_job(ps, prepared, name, HANDLERS, dense_matrix=True)
     with job:
         recovery = FitRecovery(job, HOLD_INTERVAL, ps_state=True, what=name, checkpoints=False)
         built: dict = {}

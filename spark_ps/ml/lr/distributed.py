@@ -41,7 +41,7 @@ from spark_ps.ml.lr.objective import (
 )
 from spark_ps.ml.lr.optim import WARM, minimize_lbfgs, warm_state
 from spark_ps.ml.lr.ps_space import PSVecSpace
-from spark_ps.ml.lr.rounds import DIMS_COLUMNS, HANDLERS, setup_rows
+from spark_ps.ml.lr.rounds import DIMS_COLUMNS, rows_job
 from spark_ps.models import PSMatrix, PSVector
 
 __all__ = ["train_lbfgs_binomial"]
@@ -325,14 +325,8 @@ def run_attempts(job: PSJob, params: dict, set_up: Callable, solve: Callable) ->
 def lr_job(ps, prepared: PreparedData, params: dict, refuse: bool = False) -> PSJob:
     """The barrier job of an L-BFGS fit (binomial or multinomial: the same rows and rounds);
     `refuse`: see `rounds.setup_rows`."""
-    return PSJob(
-        ps,
-        prepared.df,
-        prepared.num_workers,
-        setup_rows(prepared, dense_matrix=True, refuse=refuse),
-        HANDLERS,
-        name=f"LogisticRegression(maxIter={params['maxIter']})",
-    )
+    name = f"LogisticRegression(maxIter={params['maxIter']})"
+    return rows_job(ps, prepared, name, dense_matrix=True, refuse=refuse)
 
 
 def _release(built: dict) -> None:

@@ -32,13 +32,13 @@ import time
 import numpy as np
 
 from spark_ps.context import PSContext
-from spark_ps.ml._job import PSJob, best_effort
+from spark_ps.ml._job import best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr import distributed as full_batch
 from spark_ps.ml.lr.estimator import TrainResult, register_trainer
-from spark_ps.ml.lr.rounds import ASP, CLOCK_TIMEOUT, HANDLERS, setup_rows
+from spark_ps.ml.lr.rounds import ASP, CLOCK_TIMEOUT, rows_job
 from spark_ps.models import PSVector
 
 __all__ = ["train_minibatch"]
@@ -72,14 +72,8 @@ def train_minibatch(prepared: PreparedData, params: dict) -> TrainResult:
     ps = PSContext.getOrCreate(prepared.df.sparkSession)
     solver, opt = _optimizer(params)
     l2 = 0.0 if solver == "ftrl" else float(params["regParam"]) * (1 - params["elasticNetParam"])
-    job = PSJob(
-        ps,
-        prepared.df,
-        prepared.num_workers,
-        setup_rows(prepared),
-        HANDLERS,
-        name=f"LogisticRegression(solver={solver}, maxIter={params['maxIter']})",
-    )
+    name = f"LogisticRegression(solver={solver}, maxIter={params['maxIter']})"
+    job = rows_job(ps, prepared, name)
     with job:
         # a shard restart starts the fit over (set-up and epochs) under fresh names: the
         # optimizer's state lives only on the PS (see spark_ps.ml._recovery)

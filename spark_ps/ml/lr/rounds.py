@@ -9,6 +9,7 @@ Python worker paid ~1 s importing it (and pandas) on every cold fit, for code it
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from spark_ps.data import CSRBatch, iter_minibatches, read_flags, read_partition
-from spark_ps.ml._job import WorkerContext, best_effort
+from spark_ps.ml import parse_cache
+from spark_ps.ml._job import PSJob, WorkerContext, best_effort
 from spark_ps.ml.binned_metrics import score_histograms
 from spark_ps.ml.lr.objective import feature_stats, loss_and_grad, margins
 from spark_ps.ml.lr.softmax import class_weights, softmax_loss_and_grad
@@ -131,15 +133,44 @@ def _walk(cmd, cids, clocal, model, last, seed, clock) -> tuple[float, float]:
     return loss_sum, weight_sum
 
 
+def rows_job(
+    ps,
+    prepared: PreparedData,
+    name: str,
+    handlers: dict | None = None,
+    *,
+    dense_matrix: bool = False,
+    refuse: bool = False,
+) -> PSJob:
+    """The barrier job of a fit whose workers read their rows with :func:`setup_rows` and
+    serve `handlers` (default: `HANDLERS`); on a persisted input they save their parse, and
+    a later fit on the same input reads it back instead of the rows
+    (:mod:`spark_ps.ml.parse_cache`)."""
+    dense = dense_matrix and prepared.features_kind == "dense"
+    parse = parse_cache.plan_parse(prepared, f"rows|dense={dense}")
+    setup = setup_rows(prepared, dense_matrix=dense_matrix, refuse=refuse, parse=parse)
+    handlers = HANDLERS if handlers is None else handlers
+    return PSJob(ps, prepared.df, prepared.num_workers, setup, handlers, name=name, parse=parse)
+
+
+#: what a worker keeps of its read, and saves with a parse
+_PARSED = ("rows", "num_features", "keys", "local", "vlocal", "train_top")
+
+
 def setup_rows(
-    prepared: PreparedData, dense_matrix: bool = False, refuse: bool = False
+    prepared: PreparedData,
+    dense_matrix: bool = False,
+    refuse: bool = False,
+    parse: parse_cache.ParsePlan | None = None,
 ) -> Callable:
     """The worker's read: its partition as a CSRBatch (or, for dense arrays when
     ``dense_matrix``, a DenseBatch), localized to the keys it touches. With a validation
     column (``prepared.validation_col``) its flagged rows are kept apart as ``vlocal``,
     localized to the same keys, and ``local`` holds only the training rows. With `refuse`
     a row the read refuses does not fail the task: the partition reports it in the
-    ``dims`` round (:meth:`WorkerContext.refuse`) and holds no rows."""
+    ``dims`` round (:meth:`WorkerContext.refuse`) and holds no rows. With `parse`, the
+    parse is saved (`parse_cache.save`), or, when the job's input is the plan's marker
+    column, read back (`parse_cache.load`)."""
     features, label, weight, values = (
         prepared.features_col,
         prepared.label_col,
@@ -151,6 +182,14 @@ def setup_rows(
 
     def setup(batches, ctx: WorkerContext) -> None:
         t0 = time.perf_counter()
+        batches = iter(batches)
+        first = next(batches, None)
+        if first is not None and parse_cache.is_marker(first.schema):
+            rows_in = first.num_rows + parse_cache.count_rows(batches)
+            ctx.state.update(parse_cache.load(parse, ctx.part, rows_in), parse_saved=True)
+            ctx.state["setup_s"] = [time.perf_counter() - t0, 0.0]
+            return
+        batches = itertools.chain([first] if first is not None else [], batches)
         if flag_col:
             batches = list(batches)  # read twice: the rows, then their flags
         try:
@@ -177,6 +216,9 @@ def setup_rows(
         ctx.state["train_top"] = int(keys[-1]) if keys.size else -1
         if flag_col_read:
             _split_validation(ctx.state, read_flags(batches, flag_col))
+        if parse is not None and not ctx.state.get("refused"):
+            parsed = {k: ctx.state[k] for k in _PARSED if k in ctx.state}
+            ctx.state["parse_saved"] = parse_cache.save(parse, ctx.part, parsed, csr.n_rows)
         ctx.state["setup_s"] = [t1 - t0, time.perf_counter() - t1]
 
     return setup
