@@ -95,6 +95,10 @@ def bench_session(
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        # every timed fit reads its rows, as MLlib's does: a warm-up or an earlier fit on
+        # the same cached DataFrame would otherwise leave parses that later fits read
+        # (bench/lr.py --refit turns them on to time exactly that)
+        .config("spark.ps.parseCache", "false")
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -61,7 +61,8 @@ Configuration (Spark conf keys, or the keyword arguments of `getOrCreate`):
 ``spark.ps.parseCache``    ``false``: fits on a persisted DataFrame neither save their
                            workers' parsed rows nor read saved ones (default true: a
                            refit on the same cached input skips the Arrow pass, see
-                           ``spark_ps.ml.parse_cache``); read at each fit
+                           ``spark_ps.ml.parse_cache``); session conf only, read at
+                           each fit
 ``spark.ps.parseCache.maxMB`` parsed rows kept per executor, in its Spark local
                            directory; the least recently used go first (default 8192)
 =========================  ==========================================================

@@ -112,15 +112,22 @@ def test_near_miss_tokens_are_refused_on_the_direct_lane(client, ps):
             link.close()
 
 
-def test_only_read_only_functions_without_models(client, ps):
+def test_only_read_only_functions_on_models_whose_reads_create_nothing(client, ps):
+    from spark_ps.models import PSEmbedding
+
     host, port = _port(client)
     v = PSVector.dense(8, context=ps)
     v.increment(np.arange(8), np.ones(8))
+    table = PSEmbedding.create(2, context=ps)  # its pulls create rows: a write
     link = DirectLink(host, port, ps.token, timeout=10)
     try:
+        # a read-only function on a model is served: what gRPC answers
+        link.send(_request("keyspace.count", {}, (), [v.name]))
+        grpc = client.call("keyspace.count", [v.spec], shards=[0])[0][0]
+        assert json.loads(link.receive().result) == grpc
         for request, code in (
             (_request("keyspace.number", {}, [np.array([0])], [v.name]), "FAILED_PRECONDITION"),
-            (_request("keyspace.count", {}, (), [v.name]), "FAILED_PRECONDITION"),
+            (_request("fm.sumsq", {}, [np.array([0])], [table.name]), "FAILED_PRECONDITION"),
             (_request("nosuch.thing", {}), "NOT_FOUND"),
         ):
             link.send(request)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from pyspark.ml.linalg import Vectors
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+from pyspark.sql import functions as F
 
 from spark_ps.data import CSRBatch
 from spark_ps.ml import parse_cache
@@ -87,22 +88,45 @@ def test_a_refit_on_a_persisted_dataframe_reads_the_saved_parses(spark_ps, caplo
     df.unpersist()
 
 
-def test_files_gone_from_the_executor_are_read_again_as_rows(spark_ps, caplog):
+@pytest.mark.parametrize("damage", ["folder", "weights file"])
+def test_files_gone_from_the_executor_are_read_again_as_rows(spark_ps, caplog, damage):
     spark, _ = spark_ps
-    df = _sparse_df(spark, seed=4).cache()
-    lr = LogisticRegression(maxIter=10, regParam=0.01)
+    df = _sparse_df(spark, seed=4).withColumn("w", F.lit(1.0) + F.rand(3)).cache()
+    lr = LogisticRegression(maxIter=10, regParam=0.01, weightCol="w")
     before = _key_dirs(spark)
     first, _, _ = _fit(lr, df, caplog)
     (key_dir,) = _key_dirs(spark) - before
-    shutil.rmtree(os.path.join(key_dir, "p1"))  # evicted, or the task lands on another host
+    if damage == "folder":  # evicted, or the task lands on another host
+        shutil.rmtree(os.path.join(key_dir, "p1"))
+    else:  # a file of it lost: never a fit with unit weights
+        os.remove(os.path.join(key_dir, "p1", "local.weights.npy"))
     second, read, missed = _fit(lr, df, caplog)
     assert missed and not read  # the first launch missed; the relaunch read the rows
     _same(second, first)
     assert sorted(os.listdir(key_dir)) == ["p0", "p1"]  # and saved them again
+    assert "local.weights.npy" in os.listdir(os.path.join(key_dir, "p1"))
     third, read, missed = _fit(lr, df, caplog)
     assert read and not missed
     _same(third, first)
     df.unpersist()
+
+
+def test_a_refit_whose_worker_dies_reads_the_rows_in_its_relaunch(spark_ps, caplog, tmp_path):
+    from spark_ps.ml import _job
+
+    spark, _ = spark_ps
+    df = _sparse_df(spark, seed=11).cache()
+    lr = LogisticRegression(maxIter=10, regParam=0.01)
+    first, _, _ = _fit(lr, df, caplog)
+    marker = tmp_path / "failed"
+    _job.inject_failure_once("grad", nth=3, part=1, marker=str(marker))
+    try:
+        second, read, missed = _fit(lr, df, caplog)
+    finally:
+        _job.clear_failures()
+    assert marker.exists() and not missed  # a real failure, not a miss
+    assert not read  # the relaunch read the rows (its executor might have been new)
+    _same(second, first)
 
 
 def test_inputs_that_are_not_persisted_or_recached_or_switched_off_read_rows(spark_ps, caplog):
@@ -114,7 +138,7 @@ def test_inputs_that_are_not_persisted_or_recached_or_switched_off_read_rows(spa
     _, read, _ = _fit(lr, plain, caplog)
     assert not read and _key_dirs(spark) == before  # nothing saved for unpersisted input
 
-    df = _sparse_df(spark, n=500, seed=6).cache()
+    df = _sparse_df(spark, n=500, seed=6).withColumn("w", F.lit(2.0)).cache()
     _fit(lr, df, caplog)
     df.unpersist()
     df.cache()  # a new cache of the same plan: its source may have changed meanwhile
@@ -122,6 +146,12 @@ def test_inputs_that_are_not_persisted_or_recached_or_switched_off_read_rows(spa
     assert not read
     _, read, _ = _fit(lr, df, caplog)
     assert read
+
+    # other columns or another partitioning of the same cached rows: another parse
+    _, read, _ = _fit(LogisticRegression(maxIter=5, weightCol="w"), df, caplog)
+    assert not read
+    _, read, _ = _fit(LogisticRegression(maxIter=5, numWorkers=1), df, caplog)
+    assert not read
 
     spark.conf.set("spark.ps.parseCache", "false")
     try:
@@ -229,7 +259,11 @@ def test_saved_parses_round_trip_refuse_other_row_counts_and_fit_a_budget(tmp_pa
 
     with pytest.raises(parse_cache.ParseCacheMiss, match="has 1000 rows but the partition has 999"):
         parse_cache.load(plan, 0, rows_in=999)
-    with pytest.raises(parse_cache.ParseCacheMiss, match="partition 1: its parsed rows are not"):
+    assert not (tmp_path / "spark-ps-parsed" / "k1" / "p0").exists()  # stale: removed
+    assert parse_cache.save(plan, 0, state, rows_in=1000)  # and saved again by the re-read
+    with pytest.raises(
+        parse_cache.ParseCacheMiss, match="partition 1: its saved parse is not usable"
+    ):
         parse_cache.load(plan, 1, rows_in=1000)
 
     # a second key fits beside the first; a third pushes out the least recently used
@@ -238,6 +272,13 @@ def test_saved_parses_round_trip_refuse_other_row_counts_and_fit_a_budget(tmp_pa
     os.utime(tmp_path / "spark-ps-parsed" / "k1", (1, 1))  # k1 used longest ago
     assert parse_cache.save(k3, 0, _state(1000, 2), rows_in=1000)
     assert sorted(os.listdir(tmp_path / "spark-ps-parsed")) == ["k2", "k3"]
+    # a damaged folder is a miss, is removed, and is saved again
+    os.remove(tmp_path / "spark-ps-parsed" / "k3" / "p0" / "local.labels.npy")
+    with pytest.raises(parse_cache.ParseCacheMiss, match="not usable"):
+        parse_cache.load(k3, 0, rows_in=1000)
+    assert not (tmp_path / "spark-ps-parsed" / "k3" / "p0").exists()
+    assert parse_cache.save(k3, 0, _state(1000, 2), rows_in=1000)
+    assert parse_cache.load(k3, 0, rows_in=1000)["local"].labels is not None
     # a parse larger than the whole budget is not saved
     tiny = parse_cache.ParsePlan("k4", max_bytes=size // 2)
     assert not parse_cache.save(tiny, 0, state, rows_in=1000)
@@ -262,3 +303,24 @@ def test_separate_executors_read_the_parses_they_saved():
             f["coefficients"], fits[0]["coefficients"], rtol=1e-9, atol=1e-12
         )
         assert f["intercept"] == pytest.approx(fits[0]["intercept"], rel=1e-9, abs=1e-12)
+
+
+def test_memory_only_inputs_whose_blocks_could_change_are_not_saved(spark_ps, caplog, tmp_path):
+    """A MEMORY_ONLY block may be dropped and recomputed; after a shuffle (or with rand)
+    the recomputed block may hold other rows, so nothing is saved for such an input."""
+    from pyspark import StorageLevel
+
+    spark, _ = spark_ps
+    lr = LogisticRegression(maxIter=5, regParam=0.01)
+    shuffled = _sparse_df(spark, n=500, seed=12).persist(StorageLevel.MEMORY_ONLY)
+    _fit(lr, shuffled, caplog)
+    _, read, _ = _fit(lr, shuffled, caplog)
+    assert not read
+    shuffled.unpersist()
+    _sparse_df(spark, n=500, seed=12).write.parquet(str(tmp_path / "rows"))
+    plain = spark.read.parquet(str(tmp_path / "rows"))  # a file scan: its blocks repeat
+    plain = plain.persist(StorageLevel.MEMORY_ONLY)
+    _fit(lr, plain, caplog)
+    _, read, _ = _fit(lr, plain, caplog)
+    assert read
+    plain.unpersist()

@@ -89,9 +89,13 @@ def _replicated(mutates: Callable[[object, object], bool] = _always) -> Callable
     return decorate
 
 
+def _creates_on_pull(self, name: str) -> bool:
+    t = self.models.get(name)
+    return t is not None and t.spec.create_on_pull
+
+
 def _pull_creates_rows(self, request) -> bool:
-    t = self.models.get(request.model)
-    return t is not None and t.spec.create_on_pull and not request.by_range
+    return _creates_on_pull(self, request.model) and not request.by_range
 
 
 _READ_ONLY_VECTOR_OPS = ("dot", "nrm2", "sum")
@@ -254,15 +258,17 @@ class ShardServicer(pb_grpc.ShardServicer):
 
     def direct_call(self, request: pb.CallRequest) -> pb.CallResponse:
         """A ``Call`` from the direct lane (:mod:`ps_server.shard.direct`): the same answer, for
-        functions that change no model state only (nothing to replicate or deduplicate)."""
+        functions that change no model state only (nothing to replicate or deduplicate):
+        a module's READ_ONLY functions, on models whose reads create no rows."""
         if self.replica is not None:
             self.replica.check_serving()
         _server_function(request.function)  # an unknown name is NOT_FOUND, as on gRPC
-        if request.models or _call_writes(self, request):
+        creates = [n for n in request.models if _creates_on_pull(self, n)]
+        if creates or _call_writes(self, request):
             raise RequestError(
                 "FAILED_PRECONDITION",
-                f"shard {self.index}: the direct lane serves only read-only functions without "
-                f"models; call {request.function!r} through gRPC",
+                f"shard {self.index}: the direct lane serves only read-only functions on "
+                f"models whose reads create no rows; call {request.function!r} through gRPC",
             )
         return self._call(request)
 

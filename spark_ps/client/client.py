@@ -743,7 +743,7 @@ class PSClient:
                 )
                 for i, s in enumerate(shards)
             ],
-            direct=direct and not specs,
+            direct=direct,
         )
         return [
             (json.loads(r.result or "{}"), [from_array(a, f"{function} result") for a in r.arrays])

@@ -511,11 +511,6 @@ class PSJob:
         log.info("spark-ps %s: a saved parse was not on its executor; reading the rows", self.name)
         return True
 
-    @property
-    def read_saved_parse(self) -> bool:
-        """Did the workers read saved parses instead of their rows (no Arrow pass)?"""
-        return self._parse is not None and self._parse.read and self.error is None
-
     def _restore_cap(self) -> None:
         """Put the session's Arrow byte cap back, once: as soon as the workers answer a
         round (Spark read the cap when it planned their job, so the session's other

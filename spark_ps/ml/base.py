@@ -315,17 +315,18 @@ def prepare_fit_data(
             RuntimeWarning,
             stacklevel=3,
         )
-    input_key = persisted_input_key(
-        dataset, features_col, label_col, weight_col, values_col, validation_col, workers
-    )
+    source = dataset
     if validation_col:
         dataset = dataset.where(F.col(_quote(validation_col)).isNotNull())
         cols.append(F.col(_quote(validation_col)).alias(VALIDATION_FLAG))
     df = dataset.select(*cols)
     if densify:
         df, kind = densified(df, features_col), "dense"
-    if num_partitions(df) != workers:
+    repartitioned = num_partitions(df) != workers
+    if repartitioned:
         df = df.repartition(workers)
+    columns = (features_col, label_col, weight_col, values_col, validation_col, workers, kind)
+    input_key = persisted_input_key(source, repartitioned, *columns)
     flag = VALIDATION_FLAG if validation_col else None
     return PreparedData(
         df,
@@ -336,7 +337,7 @@ def prepare_fit_data(
         kind,
         workers,
         flag,
-        f"{input_key}|{kind}" if input_key else None,
+        input_key,
     )
 
 

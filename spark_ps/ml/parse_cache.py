@@ -1,21 +1,22 @@
 """Parsed partitions kept on the executors: a second fit on the same cached DataFrame (a
-param grid, CrossValidator's folds, a refit) skips the Arrow pass.
+refit with other Params, a param grid within a CrossValidator fold) skips the Arrow pass.
 
 The first fit on a persisted DataFrame saves each partition's parse (the localized rows
 its worker trains on) as ``.npy`` files in the executor's Spark local directory, which
-Spark deletes with the executor; the driver remembers the parse once every partition
-saved. A later fit with the same key starts its worker job on a one-column projection of
-the same DataFrame (one null per row: Spark still schedules the tasks by the cached
-blocks, the rows' JVM-to-Python transfer is a few bytes each, and the row count checks
-the files) and maps the files copy-on-write. A partition whose files are not on its
-executor (another host, evicted, a new executor) fails its task, and the worker job is
-launched again reading the rows (:class:`spark_ps.ml._job.PSJob`).
+Spark removes when the executor stops; the driver remembers the parse once every
+partition saved. A later fit with the same key starts its worker job on a one-column
+projection of the same DataFrame (one null per row: Spark still schedules the tasks by
+the cached blocks, the rows' JVM-to-Python transfer is a few bytes each, and the row
+count checks the files) and maps the files copy-on-write. A partition whose files are
+not on its executor (another host, evicted, a new executor) or are damaged fails its
+task, and the worker job is launched again reading the rows
+(:class:`spark_ps.ml._job.PSJob`).
 
 The key is the application, the cached data's RDD (a re-cache after ``unpersist`` makes a
-new one, so changed source files are read again), the fit's input plan (columns, casts,
-partitioning) and the read's options. Only persisted inputs are saved: for anything else
-Spark itself promises no stable rows. ``spark.ps.parseCache=false`` turns it off;
-``spark.ps.parseCache.maxMB`` bounds the files per executor (oldest parses go first).
+new one, so changed source files are read again), its plan, the columns read, the
+partition count and the read's options (:func:`persisted_input_key` says what is never
+saved). ``spark.ps.parseCache=false`` turns it off; ``spark.ps.parseCache.maxMB`` bounds
+the files per executor (the least recently used go first).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class ParsePlan:
 def plan_parse(prepared, options: str) -> ParsePlan | None:
     """The parse plan of a fit on `prepared` (a :class:`~spark_ps.ml.base.PreparedData`)
     whose read takes `options` (the read's own settings, e.g. ``"dense"``), or None when
-    its input is not persisted or the cache is off."""
+    its input has no key (:func:`persisted_input_key`) or the cache is off."""
     if prepared.input_key is None:
         return None
     spark = prepared.df.sparkSession
@@ -101,17 +102,33 @@ def plan_parse(prepared, options: str) -> ParsePlan | None:
     return ParsePlan(key, int(max_mb * 2**20), read=key in _SAVED)
 
 
-def persisted_input_key(dataset, *columns) -> str | None:
+def persisted_input_key(dataset, repartitioned: bool, *columns) -> str | None:
     """What identifies the rows a fit reads from `dataset` (its cached data's RDD, its plan,
-    `columns`: the columns read and the partition count), or None if it is not persisted.
-    The fit's own input plan is not hashed: the JVM bridge's packed rows make its
-    semantic hash differ on every call."""
+    `columns`: the columns read and the partition count), or None when no parse should be
+    saved: the cache is off, `dataset` is not persisted, it is kept in memory only and its
+    plan is not repeatable (a dropped block recomputed could hold other rows), or the fit
+    repartitions it on a cluster (the worker tasks then run where the shuffle put them,
+    not where the parses are). The fit's own input plan is not hashed: the JVM bridge's
+    packed rows make its semantic hash differ on every call."""
     try:
-        found = dataset.sparkSession._jsparkSession.sharedState().cacheManager()
+        spark = dataset.sparkSession
+        if str(spark.conf.get(_ENABLED, "true")).strip().lower() == "false":
+            return None
+        master = spark.sparkContext.master
+        if repartitioned and not (master == "local" or master.startswith("local[")):
+            return None
+        found = spark._jsparkSession.sharedState().cacheManager()
         found = found.lookupCachedData(dataset._jdf)
         if not found.isDefined():
             return None
-        rdd = found.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers().id()
+        builder = found.get().cachedRepresentation().cacheBuilder()
+        # a block that spills to disk is recomputed only when its executor, and the parses
+        # saved there, are lost; one kept in memory alone may be dropped and recomputed,
+        # with other rows unless the plan repeats (no shuffle, no rand: not CrossValidator's
+        # folds)
+        if not (builder.storageLevel().useDisk() or builder.isCachedPlanRepeatable()):
+            return None
+        rdd = builder.cachedColumnBuffers().id()
         return "|".join(map(str, (rdd, dataset.semanticHash(), *columns)))
     except Exception:  # noqa: BLE001 - another Spark's internals: no parse cache
         log.debug("spark-ps: could not look up the cached data", exc_info=True)
@@ -159,23 +176,38 @@ def _arrays(state: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 def save(plan: ParsePlan, part: int, state: dict, rows_in: int) -> bool:
     """Save partition `part`'s parse under `plan`'s key: `state` holds what its worker keeps
     of the read (numpy arrays, CSRBatch/DenseBatch, numbers); `rows_in` counts the rows
-    the task read, for :func:`load`'s check. False when there is no local directory or the
-    parse exceeds the budget. The least recently used parses of other keys go first when
-    the folder would exceed ``plan.max_bytes``."""
+    the task read, for :func:`load`'s check. The least recently used parses of other keys
+    go first when the folder would exceed ``plan.max_bytes``. False (never an error: the
+    fit does not need it) when there is no local directory, the parse does not fit the
+    budget or the disk, or writing failed."""
     root = _root()
     if root is None:
         return False
-    arrays, meta = _arrays(state)
-    size = sum(int(a.nbytes) for a in arrays.values())
-    if size > plan.max_bytes:
+    try:
+        return _save(root, plan, part, state, rows_in)
+    except Exception:  # noqa: BLE001 - only a speed-up for a later fit
+        log.warning("spark-ps: could not save partition %d's parse", part, exc_info=True)
         return False
-    meta["rows_in"] = int(rows_in)
-    final = os.path.join(root, plan.key, f"p{part}")
-    if os.path.exists(os.path.join(final, "meta.json")):
-        _touch(os.path.join(root, plan.key))
+
+
+def _save(root: str, plan: ParsePlan, part: int, state: dict, rows_in: int) -> bool:
+    arrays, meta = _arrays(state)
+    meta.update(rows_in=int(rows_in), files=sorted(arrays))
+    size = sum(int(a.nbytes) for a in arrays.values())
+    key_dir = os.path.join(root, plan.key)
+    final = os.path.join(key_dir, f"p{part}")
+    if _complete(final, rows_in):  # saved by an earlier fit (or a concurrent one)
+        _touch(key_dir)
         return True
-    _evict(root, plan.key, plan.max_bytes - size)
-    tmp = os.path.join(root, plan.key, f".p{part}.{uuid.uuid4().hex[:8]}")
+    shutil.rmtree(final, ignore_errors=True)  # damaged: saved again
+    mine = _size(key_dir)
+    if mine + size > plan.max_bytes:
+        return False
+    os.makedirs(root, exist_ok=True)
+    if shutil.disk_usage(root).free < 2 * size + _FREE_MARGIN:
+        return False  # shuffle and spill files need the space more
+    _evict(root, plan.key, plan.max_bytes - mine - size)
+    tmp = os.path.join(key_dir, f".p{part}.{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp)
     try:
         for name, arr in arrays.items():
@@ -185,49 +217,66 @@ def save(plan: ParsePlan, part: int, state: dict, rows_in: int) -> bool:
         os.rename(tmp, final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if os.path.exists(os.path.join(final, "meta.json")):  # another task saved it first
+        if _complete(final, rows_in):  # another task saved it first
             return True
-        log.warning("spark-ps: could not save partition %d's parse", part, exc_info=True)
-        return False
+        raise
     return True
+
+
+#: Free disk space a save leaves beyond twice its own size.
+_FREE_MARGIN = 1 << 30
+
+
+def _complete(folder: str, rows_in: int) -> bool:
+    """Does `folder` hold a whole parse of `rows_in` rows (every file its metadata lists)?"""
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        names = meta["files"]
+        return meta["rows_in"] == rows_in and all(
+            os.path.exists(os.path.join(folder, n + ".npy")) for n in names
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def load(plan: ParsePlan, part: int, rows_in: int) -> dict:
     """Partition `part`'s saved parse as worker state; raises :class:`ParseCacheMiss` when
-    it is not here or was saved for another row count."""
+    it is not here, is incomplete, or was saved for another row count (a damaged folder
+    is removed: the relaunch that reads the rows saves it again)."""
     root = _root()
     folder = os.path.join(root, plan.key, f"p{part}") if root else None
     try:
         if folder is None:
             raise FileNotFoundError("no Spark local directory")
-        with open(os.path.join(folder, "meta.json")) as f:
-            meta = json.load(f)
-
-        def arr(name: str) -> np.ndarray | None:
-            path = os.path.join(folder, name + ".npy")
-            return np.load(path, mmap_mode="c") if os.path.exists(path) else None
-
-        state: dict[str, Any] = dict(meta["numbers"])
-        state.update({name: arr(name) for name in meta["arrays"]})
-        for name, spec in meta["batches"].items():
-            fields = {f: arr(f"{name}.{f}") for f in _BATCH_FIELDS[spec["kind"]]}
-            if spec["kind"] == "dense":
-                state[name] = DenseBatch(**fields)
-            else:
-                state[name] = CSRBatch(num_features=spec["num_features"], **fields)
-        if any(v is None for v in state.values()):
-            raise FileNotFoundError("an array file is missing")
-    except (OSError, ValueError, KeyError) as e:
+        state = _load(folder, rows_in)
+    except Exception as e:  # noqa: BLE001 - whatever is wrong with the files: read the rows
+        if folder is not None and os.path.isdir(folder):  # damaged or stale (saves rename
+            shutil.rmtree(folder, ignore_errors=True)  # whole folders in: never half of one)
         raise ParseCacheMiss(
-            f"partition {part}: its parsed rows are not on this executor ({e}); "
-            "the worker job is launched again to read them"
+            f"partition {part}: its saved parse is not usable on this executor ({e}); "
+            "the worker job is launched again to read its rows"
         ) from e
-    if meta["rows_in"] != rows_in:
-        raise ParseCacheMiss(
-            f"partition {part}: its saved parse has {meta['rows_in']} rows but the partition "
-            f"has {rows_in}; the worker job is launched again to read them"
-        )
     _touch(os.path.join(root, plan.key))
+    return state
+
+
+def _load(folder: str, rows_in: int) -> dict:
+    with open(os.path.join(folder, "meta.json")) as f:
+        meta = json.load(f)
+    if meta["rows_in"] != rows_in:
+        raise ValueError(f"it has {meta['rows_in']} rows but the partition has {rows_in}")
+    # every listed file, mapped before anything is built: a missing one is a miss, never a
+    # batch without its weights
+    files = {n: np.load(os.path.join(folder, n + ".npy"), mmap_mode="c") for n in meta["files"]}
+    state: dict[str, Any] = dict(meta["numbers"])
+    state.update({name: files[name] for name in meta["arrays"]})
+    for name, spec in meta["batches"].items():
+        fields = {f: files.get(f"{name}.{f}") for f in _BATCH_FIELDS[spec["kind"]]}
+        if spec["kind"] == "dense":
+            state[name] = DenseBatch(**fields)
+        else:
+            state[name] = CSRBatch(num_features=spec["num_features"], **fields)
     return state
 
 
@@ -260,18 +309,24 @@ def _size(path: str) -> int:
 
 
 def _evict(root: str, keep: str, budget: int) -> None:
-    """Delete the least recently used parses (not `keep`) until the rest fit `budget`."""
-    try:
-        entries = [e for e in os.scandir(root) if e.is_dir() and e.name != keep]
-    except FileNotFoundError:
-        return
-    mine = _size(os.path.join(root, keep))
-    entries.sort(key=lambda e: e.stat().st_mtime)
-    sizes = [_size(e.path) for e in entries]
-    total = mine + sum(sizes)
-    for entry, size in zip(entries, sizes, strict=True):
+    """Delete the least recently used parses (not `keep`) until the rest fit `budget`. A
+    parse is renamed away before it is deleted, so that no task maps half of one."""
+    entries = []
+    for e in os.scandir(root):
+        try:
+            if e.is_dir() and e.name != keep and not e.name.startswith("."):
+                entries.append((e.stat().st_mtime, e.path, _size(e.path)))
+        except OSError:  # another task on this executor removed it meanwhile
+            continue
+    total = sum(size for _, _, size in entries)
+    for _, path, size in sorted(entries):
         if total <= budget:
             break
-        shutil.rmtree(entry.path, ignore_errors=True)
+        trash = os.path.join(root, f".trash-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(path, trash)
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
         total -= size
-        log.info("spark-ps: dropped the saved parse %s (%d MB) for room", entry.name, size >> 20)
+        log.info("spark-ps: dropped a saved parse (%d MB) for room", size >> 20)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from pyspark.ml.param import Param, Params, TypeConverters
 
+from ps_server.keys import dedup_by_shard
 from spark_ps.data import CSRBatch
 from spark_ps.ml.lr import model as lr_model
 from spark_ps.ml.lr.model import LogisticRegressionModel
@@ -65,25 +66,34 @@ class PSScoring:
         """``x . w + b`` per row, the weights read from the PS by this state's path."""
         if csr.nnz == 0:
             return np.full(csr.n_rows, self.intercept)
-        keys, local = csr.localize()
         path = self.path
+        if path != "partial":  # pull's keys; auto decides by their count
+            keys, local = csr.localize()
         if path == "auto":
             ones = bool(np.all(csr.values == 1.0))
             path = choose_path(keys.size, csr.nnz, csr.n_rows, self.weights.spec.num_shards, ones)
         if path == "pull":
             w = self.weights.pull(keys)
             return row_sums(local.indptr, local.values * w[local.indices]) + self.intercept
-        parts = list(_row_chunks(csr, PARTIAL_MAX_BYTES or self.weights.client.chunk_bytes))
-        if len(parts) == 1:
-            return partial_margins(self.weights, keys, local) + self.intercept
-        out = [partial_margins(self.weights, *part.localize()) for part in parts]
-        return np.concatenate(out) + self.intercept
+        limit = PARTIAL_MAX_BYTES or _partial_limit(self.weights.client)
+        out = [partial_margins(self.weights, part) for part in _row_chunks(csr, limit)]
+        return (out[0] if len(out) == 1 else np.concatenate(out)) + self.intercept
 
 
-#: Largest request of one ``scoring.margins`` call (None: the client's chunk size); a batch
+#: Largest request of one ``scoring.margins`` call (None: `_partial_limit`); a batch
 #: whose entries would exceed it is sent in row ranges (server function calls are not
 #: chunked by the client).
 PARTIAL_MAX_BYTES: int | None = None
+
+
+def _partial_limit(client) -> int:
+    """16 MB, or half the PS's request limit if lower (never below the client's chunk
+    size): a default Arrow batch (10,000 rows of 30 keys, ~6 MB) in one call each, since
+    every row range pays its own key deduplication."""
+    limit = 16 << 20
+    if client.max_request_bytes:
+        limit = min(limit, client.max_request_bytes // 2)
+    return max(limit, client.chunk_bytes)
 
 
 def _row_chunks(csr: CSRBatch, limit: int):
@@ -107,25 +117,41 @@ def _row_chunks(csr: CSRBatch, limit: int):
         start = stop
 
 
-def partial_margins(weights: PSVector, keys: np.ndarray, local: CSRBatch) -> np.ndarray:
-    """Sum over the shards of each row's partial margin (``scoring.margins`` on each)."""
+def partial_margins(weights: PSVector, csr: CSRBatch) -> np.ndarray:
+    """Sum over the shards of each row's partial margin (``scoring.margins`` on each).
+
+    The batch's keys are deduplicated and grouped by shard in one pass (a hash table when
+    compiled, :func:`ps_server.keys.dedup_by_shard`), and its entries grouped by shard
+    with a stable sort on the shard number (a radix sort), so each shard's entries stay in
+    row order."""
     spec = weights.spec
-    n = local.n_rows
-    owner = spec.shard_of(keys)
-    entry_owner = owner[local.indices]
-    row_of = np.repeat(np.arange(n), np.diff(local.indptr))
-    ones = bool(np.all(local.values == 1.0))
-    new_id = np.empty(keys.size, dtype=np.int32)
-    arrays = []
-    for s in range(spec.num_shards):
-        mine = np.flatnonzero(owner == s)
-        new_id[mine] = np.arange(mine.size, dtype=np.int32)
-        at = entry_owner == s
-        counts = np.bincount(row_of[at], minlength=n)
-        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        values = np.zeros(0) if ones else local.values[at]
-        arrays.append([keys[mine], new_id[local.indices[at]], values, indptr])
-    answers = weights.client.call("scoring.margins", [spec], arrays=arrays)
+    n, nnz, num_shards = csr.n_rows, csr.nnz, spec.num_shards
+    bounds = spec.bounds() if spec.kind == "dense" else None
+    keys, offsets, inverse = dedup_by_shard(csr.indices, num_shards, bounds)
+    if inverse is None:
+        inverse = np.arange(nnz, dtype=np.int64)
+    shard_of_key = np.repeat(np.arange(num_shards, dtype=np.int16), np.diff(offsets))
+    owner = shard_of_key[inverse]
+    ids = (inverse - offsets[owner]).astype(np.int32)
+    row_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(csr.indptr))
+    counts = np.bincount(owner * np.int64(n) + row_of, minlength=num_shards * n)
+    indptrs = np.zeros((num_shards, n + 1), dtype=np.int64)
+    np.cumsum(counts.reshape(num_shards, n), axis=1, out=indptrs[:, 1:])
+    order = np.argsort(owner, kind="stable")
+    ones = bool(np.all(csr.values == 1.0))
+    ids, values = ids[order], (np.zeros(0) if ones else csr.values[order])
+    at = np.concatenate([[0], np.cumsum(indptrs[:, -1])])
+    arrays = [
+        [
+            keys[offsets[s] : offsets[s + 1]],
+            ids[at[s] : at[s + 1]],
+            values if ones else values[at[s] : at[s + 1]],
+            indptrs[s],
+        ]
+        for s in range(num_shards)
+    ]
+    # read-only (scoring.READ_ONLY): the shards' direct lanes, not a gRPC round trip
+    answers = weights.client.call("scoring.margins", [spec], arrays=arrays, direct=True)
     total = np.zeros(n)
     for _, (partial,) in answers:
         total += partial
