@@ -25,6 +25,29 @@ def _colocated(tensors) -> list[np.ndarray]:
     return [t.dense_values() for t in tensors]
 
 
+#: Entries a linear combination sums at a time: its blocks stay in the core's cache.
+_BLOCK = 16384
+
+
+def _combine(out: np.ndarray, terms: list[tuple[float, np.ndarray]]) -> None:
+    """``out = sum(c * v)`` block by block, in place (``out`` may be one of the ``v``).
+
+    Why blocks: over whole vectors every term made a temporary the size of the vector and
+    a second pass over it; an L-BFGS direction of 21 terms over 556k entries took 24 ms,
+    blocked 15 ms (measured). The operations per entry are the same, in the same order,
+    so the result is the same bit for bit."""
+    n = out.shape[0]
+    acc, tmp = (np.empty(min(_BLOCK, n), dtype=out.dtype) for _ in range(2))
+    for lo in range(0, n, _BLOCK):
+        hi = min(lo + _BLOCK, n)
+        a, t = acc[: hi - lo], tmp[: hi - lo]
+        np.multiply(terms[0][1][lo:hi], terms[0][0], out=a)
+        for c, v in terms[1:]:
+            np.multiply(v[lo:hi], c, out=t)
+            a += t
+        out[lo:hi] = a
+
+
 def dots(tensors, args: dict, arrays: list[np.ndarray]):
     """Partial dot products of the model pairs `args["pairs"]` (indices into models), then
     the values at `args["pick"]` ([model, key] pairs; 0 from shards not owning the key),
@@ -51,10 +74,7 @@ def lincomb(tensors, args: dict, arrays: list[np.ndarray]):
         raise RequestError(
             "INVALID_ARGUMENT", f"lincomb: {len(coeffs)} coefficients for {len(vecs) - 1} vectors"
         )
-    acc = coeffs[0] * vecs[1]
-    for c, v in zip(coeffs[1:], vecs[2:], strict=True):
-        acc += c * v
-    vecs[0][...] = acc
+    _combine(vecs[0], list(zip(coeffs, vecs[1:], strict=True)))
     return {}, []
 
 
@@ -66,10 +86,7 @@ def lincombs_dots(tensors, args: dict, arrays: list[np.ndarray]):
     for out, terms in args["combos"]:
         if not terms or not all(0 <= int(i) < n for i in [out, *(t[1] for t in terms)]):
             raise RequestError("INVALID_ARGUMENT", f"lincombs_dots: bad combination {out, terms}")
-        acc = float(terms[0][0]) * vecs[int(terms[0][1])]
-        for c, i in terms[1:]:
-            acc += float(c) * vecs[int(i)]
-        vecs[int(out)][...] = acc
+        _combine(vecs[int(out)], [(float(c), vecs[int(i)]) for c, i in terms])
     out = [np.dot(vecs[i], vecs[j]) for i, j in args["pairs"]]
     return {}, [np.array(out, dtype=np.float64)]
 
