@@ -10,8 +10,15 @@ the history lives on the shards and only scalars reach the driver.
 
 Each ``evaluate`` call is a distributed pass; the solver never evaluates the
 same point twice (the point a line search accepts is the last one it tried).
-Live vectors: ``2*m`` history + 4 (x, g, trial x, trial g) + direction
+Live vectors: ``2*m`` history + a spare pair + 4 (x, g, trial x, trial g) + direction
 (+ pseudo-gradient for OWL-QN).
+
+Round trips: with a PS space every op is one request per shard, so an L-BFGS iteration
+that accepts its first trial makes two besides the evaluation. One builds the direction
+and the trial point together; the other, right after the evaluation, forms the pair
+``s, y`` that trial would add to the history (into the spare pair) and every dot product
+the line search and the next direction need. The directional derivative at the current
+point and the direction's norm come from the Gram matrix of the two-loop basis.
 """
 
 from __future__ import annotations
@@ -99,9 +106,15 @@ class _Solver(Generic[V]):
         self.f = self.adj_f = self.ft = self.adj_ft = 0.0
         self.gnorm = 0.0
         self.iter = 0
-        self._version: dict[int, int] = {}  # bumped when a history vector is overwritten
-        self._gcache: dict = {}  # dot products between history vectors
+        # dot products of the two-loop basis, by the pair of handle ids: entries between
+        # history vectors (which never change while in the history) and those of the
+        # gradient the last accepted trial left (see _after_trial)
+        self._gcache: dict[tuple[int, int], float] = {}
         self._gt_norm: float | None = None  # |g_trial|, when update_history computed it
+        self._spare: tuple[Any, Any] | None = None  # the next history pair's storage
+        self._plan: list | None = None  # the direction's terms, built with the first trial
+        self._slope = (0.0, 0.0)  # (g . d, d . d) of the planned direction
+        self._spec: dict | None = None  # what _after_trial computed for the last trial
 
     # ------------------------------------------------------------ evaluations
 
@@ -162,14 +175,17 @@ class _Solver(Generic[V]):
 
         Vector-free form (Chen et al., 2014): the recursion runs on the Gram matrix of
         the basis ``[s_0..s_k-1, y_0..y_k-1, grad]`` and builds ``d`` as one linear
-        combination, so a PS backend pays two round trips instead of ``4k + 3``. Dot
-        products of history vectors are cached until those vectors are overwritten.
+        combination, so a PS backend pays at most two round trips instead of ``4k + 3``.
+        For L-BFGS the combination is only planned here: the first trial builds it
+        together with the trial point, and ``g . d`` and ``|d|`` come from the Gram matrix.
         """
         sp, d = self.space, self.d
         q = self._adjusted_grad()
         k = len(self.s)
         if not k:
-            sp.lincomb(d, [(-1.0, q)])
+            terms = [(-1.0, q)]
+            # L-BFGS: q = g and gnorm = |g| (OWL-QN builds d below and needs neither)
+            self._slope = (-self.gnorm * self.gnorm, self.gnorm * self.gnorm)
         else:
             sy = self.rho[0]
             if sy < 0 or math.isnan(sy) or 0.0 in (self.yy0, *self.rho):
@@ -189,58 +205,106 @@ class _Solver(Generic[V]):
             for i in range(k - 1, -1, -1):
                 beta = float(gram[k + i] @ delta) / self.rho[i]
                 delta[i] += alphas[i] - beta
-            sp.lincomb(d, [(-float(c), b) for c, b in zip(delta, basis, strict=True)])
-        if self.l1 is not None:
+            terms = [(-float(c), b) for c, b in zip(delta, basis, strict=True)]
+            self._slope = (-float(delta @ gram[2 * k]), float(delta @ gram @ delta))
+        if self.l1 is None:
+            self._plan = terms
+        else:
+            sp.lincomb(d, terms)
             sp.apply("owlqn_constrain_direction", d, self.pg)
 
     def _gram(self, basis: list) -> np.ndarray:
-        """Dot products of the basis; the last vector (the gradient) is always new."""
+        """Dot products of the basis: cached ones, and the rest in one request."""
         n = len(basis)
-        keys = [(id(h), self._version.get(id(h), 0)) for h in basis[:-1]] + [None]
+        ids = [id(h) for h in basis]
         gram = np.empty((n, n))
         missing = []
         for i in range(n):
             for j in range(i, n):
-                hit = self._gcache.get((keys[i], keys[j])) if keys[j] is not None else None
+                hit = self._gcache.get(_pair(ids[i], ids[j]))
                 if hit is None:
                     missing.append((i, j))
                 else:
                     gram[i, j] = gram[j, i] = hit
         values = self.space.dots([(basis[i], basis[j]) for i, j in missing])
-        cache = {}
         for (i, j), v in zip(missing, values, strict=True):
             gram[i, j] = gram[j, i] = v
-        for i in range(n - 1):
-            for j in range(i, n - 1):
-                cache[(keys[i], keys[j])] = gram[i, j]
-        self._gcache = cache
         return gram
 
     def reset_history(self) -> None:
         for h in self.s + self.y:
             self.space.release(h)
         self.s, self.y, self.rho = [], [], []
+        self._gcache, self._spec = {}, None
+
+    def release(self) -> None:
+        """Give back every vector but ``x`` (the end of a minimization)."""
+        spare = list(self._spare) if self._spare is not None else []
+        for h in [self.g, self.xt, self.gt, self.d, *spare] + ([self.pg] if self.pg is not None else []):
+            self.space.release(h)
+        self._spare = None
+        self.reset_history()
+
+    def _take_spare(self) -> tuple[Any, Any]:
+        if self._spare is None:
+            k = len(self.s)
+            self._spare = (self.space.new(f"lbfgs.s{k}"), self.space.new(f"lbfgs.y{k}"))
+        return self._spare
+
+    def _after_trial(self) -> float:
+        """``g_trial . d`` after a trial's evaluation, and in the same request what the
+        trial adds if the line search accepts it: ``s = x_trial - x`` and ``y = g_trial -
+        g`` (into the spare pair), ``s'y``, ``y'y``, ``|g_trial|`` and every dot product of
+        ``s``, ``y`` and ``g_trial`` with the next direction's basis."""
+        s, y = self._take_spare()
+        keep = min(len(self.s), self.m - 1)
+        basis = [s, *self.s[:keep], y, *self.y[:keep], self.gt]
+        new = (s, y, self.gt)
+        pairs, seen = [(self.gt, self.d)], set()
+        for a in new:
+            for b in basis:
+                key = _pair(id(a), id(b))
+                if key not in seen:
+                    seen.add(key)
+                    pairs.append((a, b))
+        combos = [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
+        values = self.space.lincombs_dots(combos, pairs)
+        dots = {_pair(id(a), id(b)): v for (a, b), v in zip(pairs[1:], values[1:], strict=True)}
+        self._spec = {"evals": self.n_evals, "dots": dots}
+        return values[0]
 
     def update_history(self) -> None:
-        """Push ``s = x_trial - x`` and ``y = g_trial - g`` (recycling the oldest pair)."""
-        sp = self.space
-        if len(self.s) == self.m:
-            s, y = self.s.pop(), self.y.pop()
-            self.rho.pop()
+        """Push ``s = x_trial - x`` and ``y = g_trial - g`` (the oldest pair becomes the
+        spare); after an L-BFGS line search they and their dot products are already on
+        hand (:meth:`_after_trial`)."""
+        s, y = self._take_spare()
+        spec, self._spec = self._spec, None
+        if spec is not None and spec["evals"] == self.n_evals:
+            dots = spec["dots"]
+            sy, yy = dots[_pair(id(s), id(y))], dots[_pair(id(y), id(y))]
+            self._gt_norm = math.sqrt(dots[_pair(id(self.gt), id(self.gt))])
         else:
-            s, y = sp.new(f"lbfgs.s{len(self.s)}"), sp.new(f"lbfgs.y{len(self.y)}")
-        combos = [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
-        pairs = [(s, y), (y, y)]
-        if self.l1 is None:  # |g_trial|, which accept() needs next, rides along
-            pairs.append((self.gt, self.gt))
-        sy, yy, *gg = sp.lincombs_dots(combos, pairs)  # one round trip for all of it
-        self._gt_norm = math.sqrt(gg[0]) if gg else None
-        for h in (s, y):
-            self._version[id(h)] = self._version.get(id(h), 0) + 1
+            dots = {}
+            combos = [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
+            pairs = [(s, y), (y, y)]
+            if self.l1 is None:  # |g_trial|, which accept() needs next, rides along
+                pairs.append((self.gt, self.gt))
+            sy, yy, *gg = self.space.lincombs_dots(combos, pairs)  # one round trip
+            self._gt_norm = math.sqrt(gg[0]) if gg else None
+        self._spare = None
+        if len(self.s) == self.m:
+            self._spare = (self.s.pop(), self.y.pop())
+            self.rho.pop()
         self.s.insert(0, s)
         self.y.insert(0, y)
         self.rho.insert(0, sy)
         self.yy0 = yy
+        # history vectors keep their dot products; those of the new gradient (g_trial's
+        # handle becomes g's in accept()) come from the trial
+        live = {id(h) for h in self.s + self.y}
+        cache = {k: v for k, v in self._gcache.items() if k[0] in live and k[1] in live}
+        cache.update(dots)
+        self._gcache = cache
 
     def accept(self) -> None:
         """Make the trial point current (swap handles; nothing is copied)."""
@@ -262,16 +326,22 @@ class _Solver(Generic[V]):
     def _phi(self, t: float) -> _Point:
         """Evaluate at ``x + t*d`` into the trial vectors."""
         sp = self.space
-        sp.lincomb(self.xt, [(1.0, self.x), (t, self.d)])
+        trial = (self.xt, [(1.0, self.x), (t, self.d)])
+        if self._plan is not None:  # the direction, built in the same request
+            sp.lincombs_dots([(self.d, self._plan), trial], [])
+            self._plan = None
+        else:
+            sp.lincomb(*trial)
         self.ft = self._eval(self.xt, self.gt)
-        return _Point(t, self.ft, sp.dot(self.gt, self.d))
+        return _Point(t, self.ft, self._after_trial())
 
     def strong_wolfe(self) -> float:
         """breeze's StrongWolfeLineSearch (Nocedal & Wright alg. 3.5/3.6, cubic zoom)."""
         t = 1.0
+        gd, dd = self._slope
         if self.iter == 0:
-            t = _inverse(self.space.nrm2(self.d), "search direction")
-        low = _Point(0.0, self.f, self.space.dot(self.g, self.d))
+            t = _inverse(math.sqrt(max(dd, 0.0)), "search direction")
+        low = _Point(0.0, self.f, gd)
         f0, dd0 = low.f, low.dd
         if dd0 > 0:
             raise _StepFailure(f"line search invoked with a non-descent direction: {dd0}")
@@ -347,6 +417,11 @@ class _Solver(Generic[V]):
         # Out of tries: breeze keeps the step before the last one tried.
         self._owl_trial(prev_alpha)
         return prev_alpha
+
+
+def _pair(a: int, b: int) -> tuple[int, int]:
+    """The Gram cache's key of two handle ids (unordered)."""
+    return (a, b) if a <= b else (b, a)
 
 
 def _inverse(norm: float, what: str) -> float:
@@ -481,9 +556,7 @@ def minimize_lbfgs(
         if checkpoint is not None:
             checkpoint(len(history) - 1, snapshot)
         reason = _converged(st, fvals, f_init, max_iter, tol, search_failed)
-    for h in [st.g, st.xt, st.gt, st.d] + ([st.pg] if st.pg is not None else []):
-        space.release(h)
-    st.reset_history()
+    st.release()
     return MinimizeResult(st.x, st.adj_f, st.gnorm, st.iter, st.n_evals, reason, history)
 
 
