@@ -296,3 +296,24 @@ def test_add_leaf_values_is_numpys_update_in_place():
     want = pred + values[node] * 0.1
     K.add_leaf_values(pred, node, values, 0.1)
     np.testing.assert_array_equal(pred, want)
+
+
+def test_node_histograms_with_unit_weight_equal_full_sums():
+    # with no weight column the compiled pass skips the weight add and fills it as
+    # count * unit afterwards: the same integers as summing every row's weight
+    rng = np.random.default_rng(4)
+    n, f = 4000, 5
+    bins = rng.integers(0, 16, (n, f)).astype(np.uint8)
+    node = rng.integers(0, 4, n).astype(np.int32)
+    slot_of_node = np.array([0, -1, 1, 2], np.int32)
+    in_sample = rng.random(n) < 0.8
+    w = np.ones(n)
+    scale = H.choose_scale(-1.0, 1.0, 1.0, n)
+    stats = H.quantize_rows(rng.uniform(-1, 1, n), w, scale)
+    unit = H.unit_weight(w, scale)
+    got = H.build_node_histograms(
+        bins, node, slot_of_node, in_sample, stats, 3, 16, unit_weight=unit
+    )
+    slot = np.where(in_sample, slot_of_node[node], -1)
+    np.testing.assert_array_equal(got, H._numpy_histograms(bins, slot, stats, 3, 16, None))
+    assert got[..., 1].sum() == f * np.count_nonzero(slot >= 0) * unit

@@ -158,7 +158,7 @@ def build_histograms(
         From :func:`quantize_rows`.
     unit_weight : int, optional
         If every weight is 1, pass :func:`unit_weight`'s value: sum w is then count * unit
-        (saves the numpy fallback a pass; the compiled pass adds it anyway).
+        (saves the numpy fallback a pass, and the compiled pass one add a cell).
     """
     bins = np.asarray(bins)
     n, f = bins.shape
@@ -175,7 +175,7 @@ def build_histograms(
         slot_of_node = np.append(np.arange(n_slots, dtype=np.int32), np.int32(-1))
         stats = np.asarray(row_stats, np.int64)
         return node_histogram_pass(
-            bins, node, slot_of_node, np.ones(n, bool), stats, n_slots, n_bins
+            bins, node, slot_of_node, np.ones(n, bool), stats, n_slots, n_bins, unit_weight
         )
     return _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight)
 
@@ -212,7 +212,9 @@ def build_node_histograms(
         slot = np.where(in_sample, slot_of_node[node_of_row], -1)
         return build_histograms(bins, slot, row_stats, n_slots, n_bins, unit_weight=unit_weight)
     stats = np.asarray(row_stats, np.int64)
-    return node_histogram_pass(bins, node_of_row, slot_of_node, in_sample, stats, n_slots, n_bins)
+    return node_histogram_pass(
+        bins, node_of_row, slot_of_node, in_sample, stats, n_slots, n_bins, unit_weight
+    )
 
 
 def _numpy_histograms(bins, slot_of_row, row_stats, n_slots, n_bins, unit_weight):
