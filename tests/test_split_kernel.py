@@ -50,3 +50,20 @@ def test_compiled_search_equals_numpy_bit_for_bit(seed, monkeypatch):
 def test_without_numba_the_numpy_search_is_used(monkeypatch):
     monkeypatch.setenv("SPARK_PS_NO_JIT", "1")
     assert gbt_jit._compile() is None
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in ldexp")  # 2**1200: inf gains
+@pytest.mark.parametrize("target_exp", [-540, -530, -300, 511, 520, 600])
+def test_extreme_scales_equal_numpy(target_exp, monkeypatch):
+    # a gain is scaled by 2**(2 * target_exp): one multiplication while that power is a
+    # float (down to the subnormal 2**-1060), ldexp beyond; the same bits either way
+    rng = np.random.default_rng(target_exp + 1000)
+    for _ in range(10):
+        hist = _tie_heavy(rng, *rng.integers([1, 1, 2], [9, 6, 9]))
+        kw = dict(min_instances_per_node=1, min_info_gain=0.0, scale=(0.5, target_exp, 20))
+        got = gbt.best_splits(hist, 0, **kw)
+        assert got.tobytes() == _numpy_search(monkeypatch, hist, 0, **kw).tobytes()
+    wide = rng.integers(0, 2**40, size=(4, 8, 16, 4)).astype(np.int64)
+    kw = dict(scale=(0.0, target_exp, 20))
+    got = gbt.best_splits(wide, 0, **kw)
+    assert got.tobytes() == _numpy_search(monkeypatch, wide, 0, **kw).tobytes()

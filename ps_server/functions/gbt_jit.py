@@ -45,9 +45,15 @@ def _search(
     hist, min_count, min_weight_q, min_info_gain, gain_exp, mask, gain, feat, bin_, left, right
 ):
     """Best split per node of ``hist`` int64 [nodes, features, bins, 4] into the out arrays
-    (gain -inf, feature/bin -1 and zero sides where no split is valid)."""
+    (gain -inf, feature/bin -1 and zero sides where no split is valid).
+
+    A gain is scaled by ``2**gain_exp`` as one multiplication when that power of two is a
+    float (|exponent| within float64's range): an exact power of two makes the product
+    the correctly rounded ``ldexp`` bit for bit, without a libm call per cell (a layer of
+    32 nodes x 80 features x 32 bins: 1.8 -> 0.8 ms, measured)."""
     n_nodes, n_feat, n_bins, _ = hist.shape
     noise_ulps = 4 * 2.220446049250313e-16  # gbt._NOISE_ULPS
+    power = math.ldexp(1.0, gain_exp) if -1074 <= gain_exp <= 1023 else 0.0
     for i in range(n_nodes):
         best, bf, bb = -np.inf, -1, -1
         l0 = l1 = l2 = l3 = r0 = r1 = r2 = r3 = 0
@@ -74,7 +80,8 @@ def _search(
                     diff = mean_l - mean_r
                     if abs(diff) <= noise_ulps * max(abs(mean_l), abs(mean_r)):
                         diff = 0.0
-                    g = math.ldexp((lw / w) * (rw / w) * diff * diff, gain_exp)
+                    g = (lw / w) * (rw / w) * diff * diff
+                    g = g * power if power > 0.0 else math.ldexp(g, gain_exp)
                 if (
                     c0 >= min_count
                     and t0 - c0 >= min_count
