@@ -613,3 +613,62 @@ def test_all_one_label_matches_mllib(spark, mllib_data) -> None:
         assert model.intercept == b == inf
         assert not coef.any() and not model.coefficients.toArray().any()
         assert hist == list(model.summary.objectiveHistory) == [0.0]
+
+
+class _CountingSpace(NumpyVecSpace):
+    """Counts the requests a PS space would make (each op the solver calls is one round
+    trip there; ops an op runs inside are not) and the dot products asked for."""
+
+    _OPS = ("dots", "lincombs_dots", "lincomb", "dot", "nrm2", "apply", "axpy", "copy", "scale")
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.requests: dict[str, int] = {}
+        self.dots_asked = 0
+        self._depth = 0
+
+    def __getattribute__(self, name):
+        attr = super().__getattribute__(name)
+        if name not in _CountingSpace._OPS:
+            return attr
+
+        def counted(*args, **kw):
+            if self._depth == 0 and not (name == "dots" and not args[0]):  # [] sends nothing
+                self.requests[name] = self.requests.get(name, 0) + 1
+                if name in ("dots", "lincombs_dots"):
+                    self.dots_asked += len(args[-1])
+            self._depth += 1
+            try:
+                return attr(*args, **kw)
+            finally:
+                self._depth -= 1
+
+        return counted
+
+
+@pytest.mark.parametrize("l1", [False, True])
+def test_solver_requests_per_iteration(l1: bool) -> None:
+    # L-BFGS: two requests per iteration besides the evaluation (the direction with the
+    # trial point; the trial's history pair with every dot product the next direction
+    # needs); OWL-QN: history dot products are asked once, not again every iteration
+    f, d = _smooth_problem(3)
+    space = _CountingSpace(d)
+
+    def evaluate(x, g):
+        val, grad = f(x)
+        g[...] = grad
+        return val
+
+    l1h = space.from_array("l1", np.full(d, 0.01)) if l1 else None
+    m, iters = 4, 12
+    res = minimize_lbfgs(space, evaluate, space.new("x0"), max_iter=iters, tol=0.0, m=m, l1=l1h)
+    assert res.n_iter == iters
+    if not l1:
+        extra = res.n_evals - 1 - res.n_iter  # trials the line searches rejected
+        assert space.requests.get("lincombs_dots", 0) == 2 * res.n_iter + extra
+        assert space.requests.get("lincomb", 0) == extra  # a later trial's point
+        assert space.requests.get("nrm2", 0) == 1  # |g| of the starting point
+        assert set(space.requests) <= {"lincombs_dots", "lincomb", "nrm2"}
+    else:
+        # per iteration at most: s, y and the pseudo-gradient against a basis of 2m + 1
+        assert space.dots_asked <= res.n_iter * (3 * (2 * m + 1) + 3)

@@ -229,6 +229,8 @@ class _Solver(Generic[V]):
         values = self.space.dots([(basis[i], basis[j]) for i, j in missing])
         for (i, j), v in zip(missing, values, strict=True):
             gram[i, j] = gram[j, i] = v
+            if j < n - 1:  # between history vectors: valid while both stay in the history
+                self._gcache[_pair(ids[i], ids[j])] = v
         return gram
 
     def reset_history(self) -> None:
@@ -240,7 +242,9 @@ class _Solver(Generic[V]):
     def release(self) -> None:
         """Give back every vector but ``x`` (the end of a minimization)."""
         spare = list(self._spare) if self._spare is not None else []
-        for h in [self.g, self.xt, self.gt, self.d, *spare] + ([self.pg] if self.pg is not None else []):
+        for h in [self.g, self.xt, self.gt, self.d, *spare] + (
+            [self.pg] if self.pg is not None else []
+        ):
             self.space.release(h)
         self._spare = None
         self.reset_history()
