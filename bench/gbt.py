@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import statistics
 import sys
@@ -52,6 +53,7 @@ COLUMNS = (
     "speedup vs MLlib", "time vs LightGBM", "dAUC vs MLlib", "dAUC vs LightGBM", "status",
 )  # fmt: skip
 RUNS = "fit s, every run"  # the column --repeat adds
+REFIT = ("refit s", "refit read parses", "refit same trees")  # the columns --refit adds
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("passive", "active", "inherit"),
         default="passive",
         help="OMP_WAIT_POLICY for LightGBM/XGBoost (active spins; see README)",
+    )
+    p.add_argument(
+        "--refit",
+        action="store_true",
+        help="after each timed spark-ps fit, two more on the same cached rows with "
+        "spark.ps.parseCache on: the first saves the workers' parses (or reads those an "
+        "earlier config saved), the second, timed as 'refit s', reads them",
     )
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--seed", type=int, default=42, help="split seed and MLlib seed")
@@ -103,15 +112,15 @@ def parse_configs(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _spark_fit(cls: Any, params: dict[str, Any], train: Any, test: Any) -> tuple[float, float]:
+def _spark_fit(cls: Any, params: dict[str, Any], train: Any, test: Any) -> tuple:
     est = cls(**params)
     with Timer() as t:
         model = est.fit(train)
-    return t.elapsed, model_auc(model, test)
+    return t.elapsed, model_auc(model, test), model
 
 
 def fit_mllib(data: dict, trees: int, depth: int, args: argparse.Namespace, cls: Any = None):
-    """Fit MLlib's (or a drop-in's) GBTClassifier; returns (fit seconds, test AUC)."""
+    """Fit MLlib's (or a drop-in's) GBTClassifier; returns (fit seconds, test AUC, model)."""
     if cls is None:
         from pyspark.ml.classification import GBTClassifier as cls
     params = {
@@ -175,12 +184,14 @@ def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namesp
     settle(data)
     try:
         if impl == "mllib":
-            fit_s, score = fit_mllib(data, trees, depth, args)
+            fit_s, score, _ = fit_mllib(data, trees, depth, args)
         elif impl == "sparkps":
             cls = import_sparkps("GBTClassifier")
             if cls is None:
                 return {}
-            fit_s, score = fit_mllib(data, trees, depth, args, cls)
+            fit_s, score, model = fit_mllib(data, trees, depth, args, cls)
+            if getattr(args, "refit", False):
+                row |= refit_sparkps(cls, data, trees, depth, args, fit_s, model)
         elif impl == "lightgbm":
             fit_s, score = fit_lightgbm(data, trees, depth, args)
         else:
@@ -190,6 +201,46 @@ def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namesp
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
         row["status"] = f"failed: {type(exc).__name__}: {first}"
     return row
+
+
+def refit_sparkps(cls, data: dict, trees: int, depth: int, args, fit_s: float, first) -> dict:
+    """Two more spark-ps fits on the same cached rows with saved parses on (see --refit):
+    the second one's time, and whether its trees are the first fit's."""
+    spark = data["train_df"].sparkSession
+    spark.conf.set("spark.ps.parseCache", "true")
+    job_log, reads = logging.getLogger("spark_ps.job"), _Reads()
+    try:
+        save_s, _, _ = fit_mllib(data, trees, depth, args, cls)
+        level = job_log.level
+        job_log.addHandler(reads)
+        job_log.setLevel(logging.INFO)
+        try:
+            refit_s, _, again = fit_mllib(data, trees, depth, args, cls)
+        finally:
+            job_log.removeHandler(reads)
+            job_log.setLevel(level)
+    finally:
+        spark.conf.set("spark.ps.parseCache", "false")  # the other timed fits read rows
+    # the first line names the model's uid, which differs between fits
+    same = again.toDebugString.split("\n", 1)[1] == first.toDebugString.split("\n", 1)[1]
+    print(
+        f"spark-ps {trees}x{depth} refit: {refit_s:.3f} s, read saved parses: {reads.seen} "
+        f"(the fit reading rows {fit_s:.3f} s, the one saving them {save_s:.3f} s); "
+        f"same trees: {same}",
+        flush=True,
+    )
+    return {"refit s": refit_s, "refit read parses": reads.seen, "refit same trees": same}
+
+
+class _Reads(logging.Handler):
+    """Whether a worker job logged that its workers read their saved parses."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen = self.seen or "read their saved parses" in record.getMessage()
 
 
 def settle(data: dict[str, Any]) -> None:
@@ -243,9 +294,10 @@ def warmup(data: dict[str, Any], impls: list[str], args: argparse.Namespace) -> 
     """Fit every implementation once, 2 trees of depth 2 on the same rows, untimed: no timed
     fit pays JIT, JVM code paths (the first Arrow read of these rows, MLlib's first pass)
     or thread-pool start-up. Every implementation gets the same warm-up."""
+    quiet = argparse.Namespace(**{**vars(args), "refit": False})  # no refits of warm-ups
     with Timer() as t:
         for impl in impls:
-            run_one(impl, data, 2, 2, args)
+            run_one(impl, data, 2, 2, quiet)
     print(f"warm-up: {t.elapsed:.1f} s", flush=True)
 
 
@@ -254,8 +306,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     impls = parse_impls(args.impl, IMPLS)
     if args.profile:
-        import logging
-
         logging.basicConfig(format="  %(message)s")
         logging.getLogger("spark_ps.ml.gbt").setLevel(logging.INFO)
     configs = parse_configs(args.configs)
@@ -278,6 +328,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         add_ratios(rows)
         print(f"\n### GBT {args.dataset} {trees} trees x depth {depth}\n", flush=True)
         cols = COLUMNS if args.repeat <= 1 else (*COLUMNS[:4], RUNS, *COLUMNS[4:])
+        if args.refit:
+            cols = (*cols[:-1], *REFIT, cols[-1])
         print(markdown_table(rows, cols), flush=True)
         all_rows += rows
     if args.json_out:
