@@ -71,6 +71,10 @@ def test_fused_solver_calls_match_the_separate_ops(ps):
     np.testing.assert_array_equal(c.pull(), 0.5 * vc + 1.0 * (va - 2.0 * vb))
     space.lincomb(s2, [(1.0, a), (-2.0, b)])
     assert dots == [s2.dot(c)]
+    before = s2.pull()
+    with pytest.raises(Exception, match="0 coefficients for 0 vectors"):  # on every shard
+        ps.client.call("linalg.lincomb", [s2.spec], {"coeffs": []})
+    np.testing.assert_array_equal(s2.pull(), before)
     space.release_all()
 
 

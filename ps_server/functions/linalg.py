@@ -34,15 +34,20 @@ def _combine(out: np.ndarray, terms: list[tuple[float, np.ndarray]]) -> None:
 
     Why blocks: over whole vectors every term made a temporary the size of the vector and
     a second pass over it; an L-BFGS direction of 21 terms over 556k entries took 24 ms,
-    blocked 15 ms (measured). The operations per entry are the same, in the same order,
-    so the result is the same bit for bit."""
+    blocked 15 ms (measured). Each entry gets the operations of ``acc = c0 * v0; acc +=
+    c * v ...; out[...] = acc`` in the same order and dtypes, so the result is the same
+    bit for bit."""
     n = out.shape[0]
-    acc, tmp = (np.empty(min(_BLOCK, n), dtype=out.dtype) for _ in range(2))
+    size = min(_BLOCK, n)
+    acc = np.empty(size, dtype=np.result_type(terms[0][1].dtype, 1.0))  # c0 * v0's dtype
+    tmp: dict[np.dtype, np.ndarray] = {}  # c * v's, one per dtype of the terms
     for lo in range(0, n, _BLOCK):
         hi = min(lo + _BLOCK, n)
-        a, t = acc[: hi - lo], tmp[: hi - lo]
+        a = acc[: hi - lo]
         np.multiply(terms[0][1][lo:hi], terms[0][0], out=a)
         for c, v in terms[1:]:
+            kind = np.result_type(v.dtype, 1.0)
+            t = tmp.setdefault(kind, np.empty(size, dtype=kind))[: hi - lo]
             np.multiply(v[lo:hi], c, out=t)
             a += t
         out[lo:hi] = a
@@ -70,7 +75,7 @@ def lincomb(tensors, args: dict, arrays: list[np.ndarray]):
     """models[0] = sum_i coeffs[i] * models[i + 1] (models[0] may appear on the right)."""
     vecs = _colocated(tensors)
     coeffs = [float(c) for c in args["coeffs"]]
-    if len(coeffs) != len(vecs) - 1:
+    if not coeffs or len(coeffs) != len(vecs) - 1:
         raise RequestError(
             "INVALID_ARGUMENT", f"lincomb: {len(coeffs)} coefficients for {len(vecs) - 1} vectors"
         )

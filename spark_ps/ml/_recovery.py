@@ -19,7 +19,7 @@ consistent point. Which point depends on the mode:
   restart differs from a clean run's; the optimum does not). A fit with nothing held yet
   (a restart during set-up, or before the first held boundary) starts over from set-up.
   This was chosen over a default on-disk checkpoint because a checkpoint writes every
-  vector of the fit (2m + 4 = 24 for L-BFGS: up to ~3 GB per checkpoint at 2^24 keys),
+  vector of the fit (2m + 7 = 27 for L-BFGS: up to ~3.6 GB per checkpoint at 2^24 keys),
   and over default replication because it doubles the PS's processes and memory and
   every push.
 * **``spark.ps.checkpointDir`` set: PS checkpoints.** At every ``checkpointInterval``-th
