@@ -241,11 +241,10 @@ class _Solver(Generic[V]):
 
     def release(self) -> None:
         """Give back every vector but ``x`` (the end of a minimization)."""
-        spare = list(self._spare) if self._spare is not None else []
-        for h in [self.g, self.xt, self.gt, self.d, *spare] + (
-            [self.pg] if self.pg is not None else []
-        ):
-            self.space.release(h)
+        held = [self.g, self.xt, self.gt, self.d, *(self._spare or ()), self.pg]
+        for h in held:
+            if h is not None:
+                self.space.release(h)
         self._spare = None
         self.reset_history()
 
@@ -254,6 +253,10 @@ class _Solver(Generic[V]):
             k = len(self.s)
             self._spare = (self.space.new(f"lbfgs.s{k}"), self.space.new(f"lbfgs.y{k}"))
         return self._spare
+
+    def _pair_combos(self, s: Any, y: Any) -> list:
+        """``s = x_trial - x`` and ``y = g_trial - g``, as lincombs_dots combinations."""
+        return [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
 
     def _after_trial(self) -> float:
         """``g_trial . d`` after a trial's evaluation, and in the same request what the
@@ -271,8 +274,7 @@ class _Solver(Generic[V]):
                 if key not in seen:
                     seen.add(key)
                     pairs.append((a, b))
-        combos = [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
-        values = self.space.lincombs_dots(combos, pairs)
+        values = self.space.lincombs_dots(self._pair_combos(s, y), pairs)
         dots = {_pair(id(a), id(b)): v for (a, b), v in zip(pairs[1:], values[1:], strict=True)}
         self._spec = {"evals": self.n_evals, "dots": dots}
         return values[0]
@@ -289,11 +291,10 @@ class _Solver(Generic[V]):
             self._gt_norm = math.sqrt(dots[_pair(id(self.gt), id(self.gt))])
         else:
             dots = {}
-            combos = [(s, [(1.0, self.xt), (-1.0, self.x)]), (y, [(1.0, self.gt), (-1.0, self.g)])]
             pairs = [(s, y), (y, y)]
             if self.l1 is None:  # |g_trial|, which accept() needs next, rides along
                 pairs.append((self.gt, self.gt))
-            sy, yy, *gg = self.space.lincombs_dots(combos, pairs)  # one round trip
+            sy, yy, *gg = self.space.lincombs_dots(self._pair_combos(s, y), pairs)
             self._gt_norm = math.sqrt(gg[0]) if gg else None
         self._spare = None
         if len(self.s) == self.m:
