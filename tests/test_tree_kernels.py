@@ -87,11 +87,12 @@ def test_route_equals_numpy(order):
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 3001])
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
-@pytest.mark.parametrize("f", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("f", [1, 3, 4, 5, 9, K.ROOT_MAX_FEATURES + 1])
 def test_root_histograms_equal_numpy(n, dtype, f):
     """A root without subsampling takes the blocked pass (uint8 bins: four features a sweep,
-    the last block short unless f is a multiple of 4), with repeated bins; uint16 bins take
-    the row pass: both are exact, and a bad bin names its own feature, in any block."""
+    the last block short unless f is a multiple of 4), with repeated bins; uint16 bins and
+    rows wider than ROOT_MAX_FEATURES take the row pass: both are exact, and a bad bin
+    names its own feature, in any block."""
     rng = np.random.default_rng(n + 100 * f)
     bins = np.minimum(rng.geometric(0.3, (n, f)) - 1, 15).astype(dtype)  # few distinct bins
     stats = rng.integers(-(2**40), 2**40, (3, n))

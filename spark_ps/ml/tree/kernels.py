@@ -98,6 +98,11 @@ def _add_cell(acc, o, q0, q1, q2):
 
 #: Features the root pass sums per sweep over the rows (the kernel is written for 4).
 ROOT_BLOCK = 4
+#: Widest rows the blocked root pass takes; wider roots go row by row. Each sweep reads every
+#: row's cache line again, so the blocked pass's cost grows with the width: on 100k rows,
+#: 24 features 3.9 vs 3.7-6.5 ms row by row, 80 features 14-16 vs 9.6-10.5 ms, 200 features
+#: 77 vs 27 ms (measured, unit weights; it is 50 features where the two meet).
+ROOT_MAX_FEATURES = 48
 
 
 @njit(cache=True, nogil=True)
@@ -179,13 +184,14 @@ def node_histogram_pass(
 
     ``bins`` should be C-ordered (a row's bins are read together); callers have checked the
     shapes and that nodes and slots are in range. A bin ``>= n_bins`` raises, naming its
-    feature. A slot of every row (a tree's root without subsampling) runs four features
-    a sweep (:func:`_hist_all_rows`), any other layer row by row: the sums are exact
-    integers, the same in any order.
+    feature. A slot of every row (a tree's root without subsampling) of at most
+    :data:`ROOT_MAX_FEATURES` features runs four features a sweep (:func:`_hist_all_rows`),
+    anything else row by row: the sums are exact integers, the same in any order.
     """
     out = np.zeros(n_slots * bins.shape[1] * n_bins * 4, dtype=np.int64)
     root = slot_of_node.shape == (1,) and slot_of_node[0] == 0  # nodes are in range: all 0
-    if root and n_slots == 1 and bins.dtype == np.uint8 and n_bins <= 256 and in_sample.all():
+    narrow = bins.dtype == np.uint8 and bins.shape[1] <= ROOT_MAX_FEATURES and n_bins <= 256
+    if root and n_slots == 1 and narrow and in_sample.all():
         bad = _hist_all_rows(bins, row_stats, n_bins, out)
     else:
         unit = np.int64(unit_weight or 0)
