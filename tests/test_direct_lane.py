@@ -169,7 +169,7 @@ def test_garbage_oversized_and_truncated_frames(client, ps):
     typed = TYPED + struct.pack("<I", len(token)) + token
     for body in (struct.pack("<BH", 9, 0), b"\x01"):
         out = _raw(host, port, typed + struct.pack("<Q", len(body)) + body)
-        assert out[0] == 1 and b"INVALID_ARGUMENT\nmalformed pull or push frame" in out, out
+        assert out[0] == 1 and b"INVALID_ARGUMENT\nmalformed typed frame" in out, out
     # raw arrays that do not fit the frame: a field a pull has not, one twice, one longer
     # than the frame, bytes after the last one; each refused, nothing applied
     v = PSVector.sparse(2**40, name=f"lane-raw-{uuid.uuid4().hex[:8]}", context=ps)
@@ -195,7 +195,7 @@ def test_garbage_oversized_and_truncated_frames(client, ps):
         (frame(2, [(1, key), (2, one)], tail=b"xx"), b"2 bytes after its arrays"),
     ]:
         out = _raw(host, port, bad)
-        assert out[0] == 1 and b"malformed pull or push frame" in out and why in out, out
+        assert out[0] == 1 and b"malformed typed frame" in out and why in out, out
     out = _raw(host, port, frame(2, [(1, key), (2, one)]))  # the same frame, well formed
     assert out[0] == 0, out
     keys, values = v.pull()
@@ -420,3 +420,144 @@ def test_a_broken_connection_leaves_the_other_one_and_applies_each_request_once(
         np.testing.assert_array_equal(c.pull(t, keys), 3.0 + np.arange(keys.size))
     c.drop(t)
     c.close()
+
+
+def test_call_arrays_travel_raw_as_aligned_views_and_rebuild_the_request():
+    """A call's arrays (several, any allowed dtype and shape, empty and 0-d ones) travel
+    after its message as raw bytes; the shard reads each in place, aligned, and the request
+    rebuilt from the frame is the one gRPC would carry."""
+    from ps_server.shard.direct import Payload, parse_typed, typed_body
+    from ps_server.wire import from_array
+
+    sent = [
+        np.arange(24, dtype=np.int64).reshape(2, 3, 4),
+        np.array([2.5], np.float32),
+        np.zeros((0, 3), np.float64),
+        np.array(7, np.int8),
+        np.arange(5, dtype=np.uint8),
+    ]
+    request = pb.CallRequest(function="gbt_layer.splits", models=["m"], args='{"a": 1}')
+    payload = Payload(request, arrays=sent)
+    body = bytearray(b"".join(bytes(p) for p in typed_body(payload, "Call", "")))
+    base = np.frombuffer(body, np.uint8).ctypes.data
+    rpc, got, rid = parse_typed(body)
+    assert (rpc, rid, got.function, list(got.models), got.args) == (
+        "Call", "", "gbt_layer.splits", ["m"], '{"a": 1}'
+    )  # fmt: skip
+    assert len(got.arrays) == len(sent)
+    for i, want in enumerate(sent):
+        arr = from_array(got.arrays[i], f"array {i}")
+        assert arr.dtype == want.dtype and arr.shape == want.shape
+        np.testing.assert_array_equal(arr, want)
+        assert arr.flags.aligned and (arr.ctypes.data - base) % 8 == 0
+        assert arr.size == 0 or not arr.flags.owndata  # a view of the frame: no copy
+    grpc = pb.CallRequest(
+        function="gbt_layer.splits", models=["m"], args='{"a": 1}',
+        arrays=[to_array(a) for a in sent],
+    )  # fmt: skip
+    assert got.SerializeToString() == grpc.SerializeToString()
+    assert payload.message().SerializeToString() == grpc.SerializeToString()
+
+
+def test_direct_calls_take_raw_frames_and_answer_as_grpc(client, monkeypatch):
+    """A direct call with arrays goes as a raw-array frame (not a protobuf with the bytes
+    inside) and gets gRPC's answer; one without arrays goes as a plain call frame."""
+    import ps_server.shard.direct as direct
+
+    kinds: list[str] = []
+    real = direct.DirectLink.send
+
+    def spy(self, request, rpc="Call", request_id=""):
+        kinds.append(type(request).__name__)
+        return real(self, request, rpc, request_id)
+
+    monkeypatch.setattr(direct.DirectLink, "send", spy)
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    values = [np.array([1.0, 2.0]), np.array([-3.5, 0.25])]
+    out: list = [None, None]
+
+    def part(i: int) -> None:  # two parts of one step: it completes when both are in
+        out[i] = client.call(
+            "rendezvous.gather", [], _gather(topic, 0, i, 2), [[values[i]]], shards=[0],
+            direct=True,
+        )  # fmt: skip
+
+    threads = [threading.Thread(target=part, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert kinds == ["Payload", "Payload"], kinds
+    grpc = client.call("rendezvous.gather", [], _gather(topic, 0, 0, 2), [[values[0]]], shards=[0])
+    for ((meta, arrays),) in out:
+        assert meta == grpc[0][0] == {"pending": False}
+        np.testing.assert_array_equal(arrays[0], grpc[0][1][0])
+        np.testing.assert_array_equal(arrays[0], np.stack(values))
+    kinds.clear()
+    client.call("rendezvous.drop", [], {"topic": topic}, shards=[0], direct=True)
+    assert kinds == ["CallRequest"]
+
+
+def test_malformed_raw_call_frames_are_refused_and_join_nothing(client, ps):
+    """A raw-array call frame whose arrays do not match its message (more or fewer than it
+    names, a pull's field) is refused by name; the step it would have joined stays empty."""
+    host, port = _port(client)
+    token = ps.token.encode()
+    typed = TYPED + struct.pack("<I", len(token)) + token
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    meta = pb.CallRequest(function="rendezvous.gather", args=json.dumps(_gather(topic, 0, 0, 2)))
+    meta.arrays.add(dtype="float64", shape=[1])
+    head = meta.SerializeToString()
+    one = np.ones(1).tobytes()
+
+    def frame(raws: list[tuple[int, bytes]]) -> bytes:
+        body = struct.pack("<BH", 3, 0) + struct.pack("<IB", len(head), len(raws)) + head
+        for field, data in raws:
+            body += struct.pack("<BQ", field, len(data))
+            body += bytes(-len(body) % 8) + data
+        return typed + struct.pack("<Q", len(body)) + body
+
+    for bad, why in [
+        (frame([(3, one), (3, one)]), b"2 raw arrays for the 1 it names"),
+        (frame([]), b"0 raw arrays for the 1 it names"),
+        (frame([(1, one)]), b"raw array field 1 not expected in a CallRequest"),
+    ]:
+        out = _raw(host, port, bad)
+        assert out[0] == 1 and b"malformed typed frame" in out and why in out, out
+    (got, _), = client.call(
+        "rendezvous.gather", [], _gather(topic, 0, 1, 2, wait=0.3), [[np.ones(1)]], shards=[0],
+        direct=True,
+    )  # fmt: skip
+    assert got == {"pending": True}  # part 0 never joined
+    out = _raw(host, port, frame([(3, one)]))  # the same frame, well formed: it completes
+    assert out[0] == 0, out
+    client.call("rendezvous.drop", [], {"topic": topic})
+
+
+def test_a_calls_only_lane_serves_raw_calls_and_refuses_pulls():
+    """A lane without a pull/push handler serves raw-array calls and refuses a pull frame
+    by name."""
+    from ps_server.shard.direct import Payload
+
+    server = _lane(handshake=5.0, max_pending=4)
+    link = DirectLink("127.0.0.1", server.port, "sesame", timeout=10)
+    try:
+        link.send(Payload(pb.CallRequest(function="echo", args='{"n": 3}'), arrays=[np.ones(2)]))
+        assert json.loads(link.receive().result) == {"n": 3}
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            from ps_server.shard.direct import typed_body
+
+            pull = Payload(pb.PullRequest(model="m"), keys=np.arange(3))
+            parts = typed_body(pull, "Pull", "r")
+            body = b"".join(bytes(p) for p in parts)
+            s.sendall(
+                TYPED + struct.pack("<I", 6) + b"sesame" + struct.pack("<Q", len(body)) + body
+            )
+            s.shutdown(socket.SHUT_WR)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        assert out[0] == 1 and b"this lane serves no Pull" in out, out
+    finally:
+        link.close()
+        server.close()

@@ -51,6 +51,8 @@ log = logging.getLogger("spark_ps.client")
 # sizes are the servers' business: they announce their request limit and the client
 # checks against it before sending (see `_fanout`)
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+#: Arrays a lane frame carries raw, at most (its count is one byte); more go inside.
+_MAX_RAW_ARRAYS = 255
 #: Room left in a chunk for the envelope around its arrays (model name, shape, ids).
 _ENVELOPE_BYTES = 64 << 10
 _OPS = {"add": pb.ADD, "set": pb.SET, "step": pb.STEP}
@@ -163,7 +165,8 @@ class _DirectCall:
 
 
 #: RPCs that always take a shard's direct lane when it has one (and their answers' types).
-_LANE_ANSWERS = {name: answer for name, _, answer in direct_lane.RPCS.values()}
+#: Pulls and pushes: they always take a lane (a call only with ``direct``).
+_LANE_ANSWERS = {name: answer for name, _, answer in direct_lane.RPCS.values() if name != "Call"}
 #: Connections a thread keeps to each shard's lane: a call of several requests to a shard
 #: sends the next on the other connection while the shard applies one (the wire and the
 #: apply overlap instead of taking turns).
@@ -729,22 +732,16 @@ class PSClient:
         for i, s in enumerate(shards) if arrays else ():  # Call requests are not chunked
             self._check_size(sum(np.asarray(a).nbytes for a in arrays[i]), "Call", s)
         text = json.dumps(args or {})
-        resps = self._fanout(
-            "Call",
-            [
-                (
-                    s,
-                    pb.CallRequest(
-                        function=function,
-                        models=[x.name for x in specs],
-                        args=text,
-                        arrays=[to_array(a) for a in (arrays[i] if arrays else [])],
-                    ),
-                )
-                for i, s in enumerate(shards)
-            ],
-            direct=direct,
-        )
+
+        def request(i: int):
+            given = arrays[i] if arrays else []
+            req = pb.CallRequest(function=function, models=[x.name for x in specs], args=text)
+            if direct and 0 < len(given) <= _MAX_RAW_ARRAYS:  # raw on a lane (see Payload)
+                return Payload(req, arrays=[np.asarray(a) for a in given])
+            req.arrays.extend(to_array(a) for a in given)
+            return req
+
+        resps = self._fanout("Call", [(s, request(i)) for i, s in enumerate(shards)], direct=direct)
         return [
             (json.loads(r.result or "{}"), [from_array(a, f"{function} result") for a in r.arrays])
             for r in resps
