@@ -9,6 +9,7 @@ import glob
 import logging
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -284,6 +285,33 @@ def test_saved_parses_round_trip_refuse_other_row_counts_and_fit_a_budget(tmp_pa
     assert not parse_cache.save(tiny, 0, state, rows_in=1000)
     with pytest.raises(parse_cache.ParseCacheMiss):
         parse_cache.load(tiny, 0, rows_in=1000)
+
+
+def test_a_save_sweeps_what_killed_tasks_left(tmp_path, monkeypatch):
+    """Folders of saves and evictions that tasks left when they were killed are removed by
+    the next save once they are stale; younger ones (a save in progress) and other
+    partitions' stay."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    root = tmp_path / "spark-ps-parsed"
+    key = root / "k1"
+    old = time.time() - parse_cache.STALE_SECONDS - 60
+    left = {
+        "stale save": key / ".p0.dead0001",
+        "young save": key / ".p0.live0001",
+        "other part": key / ".p1.dead0002",
+        "stale trash": root / ".trash-dead0003",
+        "young trash": root / ".trash-live0004",
+    }
+    for name, folder in left.items():
+        folder.mkdir(parents=True)
+        (folder / "x.npy").write_bytes(b"\0" * 1000)
+        if "stale" in name or "other" in name:
+            os.utime(folder, (old, old))
+    plan = parse_cache.ParsePlan("k1", max_bytes=1 << 30)
+    assert parse_cache.save(plan, 0, _state(100), rows_in=100)
+    gone = {name for name, folder in left.items() if not folder.exists()}
+    assert gone == {"stale save", "stale trash"}
+    assert parse_cache.load(plan, 0, rows_in=100)["rows"] == 100
 
 
 def test_separate_executors_read_the_parses_they_saved():

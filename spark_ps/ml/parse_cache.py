@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,7 @@ def _save(root: str, plan: ParsePlan, part: int, state: dict, rows_in: int) -> b
         _touch(key_dir)
         return True
     shutil.rmtree(final, ignore_errors=True)  # damaged: saved again
+    _sweep(root, key_dir, part)
     mine = _size(key_dir)
     if mine + size > plan.max_bytes:
         return False
@@ -225,6 +227,28 @@ def _save(root: str, plan: ParsePlan, part: int, state: dict, rows_in: int) -> b
 
 #: Free disk space a save leaves beyond twice its own size.
 _FREE_MARGIN = 1 << 30
+#: A temporary folder this old was left by a task killed while it saved or evicted.
+STALE_SECONDS = 600.0
+
+
+def _sweep(root: str, key_dir: str, part: int) -> None:
+    """Remove what killed tasks left: this partition's unfinished saves under `key_dir`
+    and half-deleted evictions under `root`, once older than :data:`STALE_SECONDS` (a
+    younger one may be a save or eviction in progress, of a task running now). They
+    would hold disk space until the executor stops, and count against the budget."""
+    cutoff = time.time() - STALE_SECONDS
+    for folder, prefix in ((key_dir, f".p{part}."), (root, ".trash-")):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # no such folder yet
+            continue
+        for e in entries:
+            try:
+                if e.name.startswith(prefix) and e.stat().st_mtime < cutoff:
+                    shutil.rmtree(e.path, ignore_errors=True)
+                    log.info("spark-ps: removed %s, left by a task killed while it saved", e.path)
+            except OSError:  # removed by another task meanwhile
+                continue
 
 
 def _complete(folder: str, rows_in: int) -> bool:
