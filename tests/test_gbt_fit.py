@@ -58,6 +58,17 @@ def test_classifier_matches_mllib(spark_ps, data):
     )
 
 
+def test_single_leaf_trees_match_mllib(spark_ps, data):
+    """maxDepth 0: every tree is one leaf, yet waits at its root like any other (partition
+    0 posts the tree before it there); each is posted and the driver reads them all."""
+    params = dict(maxIter=4, maxDepth=0)
+    ours = GBTClassifier(**params).fit(data)
+    ref = MLlibGBT(**params).fit(data)
+    assert [t.numNodes for t in ours.trees] == [1, 1, 1, 1]
+    assert _structure(ours) == _structure(ref)
+    np.testing.assert_allclose(_probs(ours, data), _probs(ref, data), rtol=0, atol=1e-12)
+
+
 def test_regressor_matches_mllib(spark_ps, data):
     params = dict(maxIter=4, maxDepth=3, labelCol="score")
     ours = GBTRegressor(**params).fit(data)

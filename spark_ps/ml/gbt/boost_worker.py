@@ -293,7 +293,10 @@ class _TreePoster:
         self._pending: tuple | None = None
 
     def post(self, m: int, builder: TreeBuilder, tw: float, sums, last: bool) -> None:
-        """Hand over tree `m`; it goes out at the next :meth:`send` (or :meth:`close`)."""
+        """Hand over tree `m`; it goes out at the next :meth:`send` (or :meth:`close`).
+        Every tree waits at its root, even at maxDepth 0, so none should still be held;
+        if one were, it goes now rather than being replaced."""
+        self.send()
         while self._posts and self._posts[0].done():
             self._posts.pop(0).result()  # raises a failed post's error
         s = self._ctx.state
