@@ -561,3 +561,22 @@ def test_a_calls_only_lane_serves_raw_calls_and_refuses_pulls():
     finally:
         link.close()
         server.close()
+
+
+def test_a_bad_array_in_one_request_leaves_no_answer_for_the_next_call(client):
+    """A direct call whose array to one shard cannot travel (an object array) is refused by
+    name, as on gRPC, and the requests of the same call already sent to other shards are
+    not read as the answers of the next call on those connections."""
+    topic = f"lane-{uuid.uuid4().hex[:8]}"
+    bad = np.array([1, "x"], dtype=object)
+    with pytest.raises(PSError, match="dtype 'object' is not allowed"):
+        client.call(
+            "rendezvous.gather", [], _gather(topic, 0, 0, 1), [[np.array([1.0])], [bad]],
+            shards=[0, 1], direct=True,
+        )  # fmt: skip
+    (meta, arrays), = client.call(
+        "rendezvous.gather", [], _gather(topic, 1, 0, 1), [[np.array([5.0])]], shards=[0],
+        direct=True,
+    )  # fmt: skip
+    assert meta == {"pending": False} and arrays[0].tolist() == [[5.0]]
+    client.call("rendezvous.drop", [], {"topic": topic})

@@ -34,10 +34,10 @@ servicer's own handler, so it is replicated to the backup before it is acknowled
 remembered under its request id (a retry, on the lane or on gRPC, gets the first answer:
 ``ps_server.shard.replica``); a pull that only reads makes the same checks and reads. A
 ``Call`` is served only for functions that change no model state (those a module lists in
-``READ_ONLY``, no models): those need no replication and no request ids, so a resent call
-is harmless; any other is refused. A frame with a bad token, over the request limit or not
-parseable gets an error and the connection is closed; a truncated one is dropped. Either
-way nothing was applied.
+``READ_ONLY``, no models): those need no replication and no request ids (a typed call
+frame's is empty), so a resent call is harmless; any other is refused. A frame with a bad
+token, over the request limit or not parseable gets an error and the connection is closed;
+a truncated one is dropped. Either way nothing was applied.
 
 A connection must authenticate with its first frame within ``SPARK_PS_HANDSHAKE_TIMEOUT``
 seconds (default 10), and at most ``MAX_PENDING`` connections may be waiting to do so; more
@@ -144,9 +144,10 @@ class DirectError(Exception):
 class DirectServer:
     """Serves framed requests on `host`, one thread per connection.
 
-    `handle(request)` answers a ``CallRequest`` (it must refuse what the lane may not
-    serve); `serve(rpc, request, request_id)` answers a pull or push (:data:`RPCS`; None:
-    the lane serves calls only) with its answer message, or a :class:`Payload` whose arrays
+    `handle(request)` answers a ``CallRequest``, or a :class:`RawMessage` of one whose
+    ``arrays`` are :class:`RawArray` views (it must refuse what the lane may not serve);
+    `serve(rpc, request, request_id)` answers a pull or push (:data:`RPCS`; None: the lane
+    serves calls only) with its answer message, or a :class:`Payload` whose arrays
     go raw. Both raise :class:`RequestError` to refuse. `where` names the server in messages.
     """
 
@@ -154,7 +155,7 @@ class DirectServer:
         self,
         host: str,
         token: str,
-        handle: Callable[[pb.CallRequest], pb.CallResponse],
+        handle: Callable[[pb.CallRequest | RawMessage], pb.CallResponse],
         max_request_bytes: int,
         where: str,
         handshake: float | None = None,

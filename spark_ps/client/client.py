@@ -40,7 +40,7 @@ from ps_server.timeouts import (
     MAX_WAIT_SECONDS,
 )
 from ps_server.tls import open_channel
-from ps_server.wire import LIMIT_HINT, TOKEN_KEY, from_array, to_array
+from ps_server.wire import ALLOWED_DTYPES, LIMIT_HINT, TOKEN_KEY, from_array, to_array
 from spark_ps.client.reach import check_reachable
 from spark_ps.client.spec import TensorSpec
 
@@ -354,34 +354,14 @@ class PSClient:
         one (see `_DirectCall`); ``lanes=False``: gRPC whatever the call."""
         lane = lanes and (rpc in _LANE_ANSWERS or (direct and rpc == "Call"))
         if lane and not self.tls_ca and direct_lane.enabled():
-            out, count, last = [], {}, {}
-            for i in pending:
-                shard, request = requests[i]
-                # A shard's requests alternate over LANES_PER_SHARD connections, so that the
-                # next one travels while the shard applies this one.
-                nth = count[shard] = count.get(shard, -1) + 1
-                which = nth % LANES_PER_SHARD
-                link = self._link(shard, which)
-                # the request's own way when the lane cannot carry it: gRPC, never a lane
-                # connection (another request of this call may be in flight on it)
-                grpc_call = functools.partial(self._send, rpc, requests, mds, [i], lanes=False)
-                if link is None:
-                    out.extend(grpc_call())
-                else:
-                    # One request in flight per connection: a second one sent before the
-                    # first's answer is read could block both ends on full socket buffers
-                    # (the shard writing its answer, the client writing the next request).
-                    # A later one goes out when the one before it on its connection is read.
-                    before = last.get((shard, which))
-                    fallback = lambda g=grpc_call: g()[0][1]  # noqa: E731
-                    call = _DirectCall(
-                        self, shard, link, request, rpc, mds[i], fallback, before is not None
-                    )
-                    if before is not None:
-                        before.then = call
-                    last[shard, which] = call
-                    out.append((i, call))
-            return out
+            out: list = []
+            try:
+                return self._send_lanes(rpc, requests, mds, pending, out)
+            except BaseException:
+                for _, call in out:  # sent ones: their answers would be read as another's
+                    if isinstance(call, _DirectCall):
+                        call.abandon()
+                raise
         if len(pending) == 1:
             (i,) = pending
             stub = getattr(self.shards[requests[i][0]], rpc)
@@ -395,6 +375,39 @@ class PSClient:
             )
             for i in pending
         ]
+
+    def _send_lanes(self, rpc: str, requests, mds, pending: list[int], out: list) -> list:
+        """`_send` on the lanes: each request's (index, call) goes into `out` as it is
+        made, so that the caller can abandon the ones sent if a later one raises."""
+        count: dict = {}
+        last: dict = {}
+        for i in pending:
+            shard, request = requests[i]
+            # A shard's requests alternate over LANES_PER_SHARD connections, so that the
+            # next one travels while the shard applies this one.
+            nth = count[shard] = count.get(shard, -1) + 1
+            which = nth % LANES_PER_SHARD
+            link = self._link(shard, which)
+            # the request's own way when the lane cannot carry it: gRPC, never a lane
+            # connection (another request of this call may be in flight on it)
+            grpc_call = functools.partial(self._send, rpc, requests, mds, [i], lanes=False)
+            if link is None:
+                out.extend(grpc_call())
+            else:
+                # One request in flight per connection: a second one sent before the
+                # first's answer is read could block both ends on full socket buffers
+                # (the shard writing its answer, the client writing the next request).
+                # A later one goes out when the one before it on its connection is read.
+                before = last.get((shard, which))
+                fallback = lambda g=grpc_call: g()[0][1]  # noqa: E731
+                call = _DirectCall(
+                    self, shard, link, request, rpc, mds[i], fallback, before is not None
+                )
+                if before is not None:
+                    before.then = call
+                last[shard, which] = call
+                out.append((i, call))
+        return out
 
     def _link(self, shard: int, which: int = 0) -> DirectLink | None:
         """This thread's connection `which` (0 or 1, see `LANES_PER_SHARD`) to `shard`'s
@@ -736,8 +749,10 @@ class PSClient:
         def request(i: int):
             given = arrays[i] if arrays else []
             req = pb.CallRequest(function=function, models=[x.name for x in specs], args=text)
-            if direct and 0 < len(given) <= _MAX_RAW_ARRAYS:  # raw on a lane (see Payload)
-                return Payload(req, arrays=[np.asarray(a) for a in given])
+            given = [np.asarray(a) for a in given]
+            raw = 0 < len(given) <= _MAX_RAW_ARRAYS
+            if direct and raw and all(a.dtype.name in ALLOWED_DTYPES for a in given):
+                return Payload(req, arrays=given)  # raw on a lane; else the shard names it
             req.arrays.extend(to_array(a) for a in given)
             return req
 

@@ -246,7 +246,7 @@ def _sweep(root: str, key_dir: str, part: int) -> None:
             try:
                 if e.name.startswith(prefix) and e.stat().st_mtime < cutoff:
                     shutil.rmtree(e.path, ignore_errors=True)
-                    log.info("spark-ps: removed %s, left by a task killed while it saved", e.path)
+                    log.info("spark-ps: removed %s, left by a killed task", e.path)
             except OSError:  # removed by another task meanwhile
                 continue
 
@@ -351,6 +351,7 @@ def _evict(root: str, keep: str, budget: int) -> None:
             os.rename(path, trash)
         except OSError:
             continue
+        _touch(trash)  # a rename keeps the old mtime: now _sweep sees an eviction under way
         shutil.rmtree(trash, ignore_errors=True)
         total -= size
         log.info("spark-ps: dropped a saved parse (%d MB) for room", size >> 20)
