@@ -19,9 +19,9 @@ import pytest
 
 from ps_server.proto import ps_pb2 as pb
 from ps_server.shard.direct import MAGIC, TYPED, DirectError, DirectLink
-from ps_server.wire import TOKEN_KEY, to_array
+from ps_server.wire import TOKEN_KEY, from_array, to_array
 from spark_ps.client import PSError, get_client
-from spark_ps.client.client import LANES_PER_SHARD
+from spark_ps.client.client import LANES_PER_SHARD, PSClient
 from spark_ps.models import PSVector
 
 
@@ -580,3 +580,40 @@ def test_a_bad_array_in_one_request_leaves_no_answer_for_the_next_call(client):
     )  # fmt: skip
     assert meta == {"pending": False} and arrays[0].tolist() == [[5.0]]
     client.call("rendezvous.drop", [], {"topic": topic})
+
+
+def test_a_lane_from_before_raw_calls_gets_them_through_grpc_then_plain(client, ps, monkeypatch):
+    """A shard whose lane predates raw-array calls refuses their frame ("unknown rpc code");
+    the call is answered through gRPC, and later calls to that shard use plain call frames."""
+    import ps_server.shard.direct as direct
+
+    seen: list[str] = []
+
+    def handle(request):  # what the old lane would answer: a plain call, through the shard
+        seen.append(type(request).__name__)
+        (meta, arrays), = client.call(
+            request.function, [], json.loads(request.args), [[from_array(request.arrays[0], "a")]],
+            shards=[0],
+        )  # fmt: skip
+        return pb.CallResponse(result=json.dumps(meta), arrays=[to_array(a) for a in arrays])
+
+    old_rpcs = {k: v for k, v in direct.RPCS.items() if v[0] != "Call"}
+    monkeypatch.setattr(direct, "RPCS", old_rpcs)  # parse_typed: no code 3, as before
+    old_lane = direct.DirectServer("127.0.0.1", ps.token, handle, 1 << 24, "old lane")
+    other = PSClient(ps.address, ps.token)  # its own links (get_client's is shared)
+    try:
+        address = other.addresses[0]
+        topic = f"lane-{uuid.uuid4().hex[:8]}"
+        for step in (0, 1):
+            other._direct_ports[address] = old_lane.port  # as the old shard's Health says
+            (meta, arrays), = other.call(
+                "rendezvous.gather", [], _gather(topic, step, 0, 1), [[np.full(2, step + 1.0)]],
+                shards=[0], direct=True,
+            )  # fmt: skip
+            assert meta == {"pending": False} and arrays[0].tolist() == [[step + 1.0] * 2]
+        assert address in other._plain_calls
+        assert seen == ["CallRequest"]  # step 0 went through gRPC, step 1 as a plain frame
+        other.call("rendezvous.drop", [], {"topic": topic})
+    finally:
+        old_lane.close()
+        other.close()

@@ -113,6 +113,7 @@ class _DirectCall:
         self._fallback, self._sent = fallback, False
         self._refused: DirectError | None = None  # the shard's answer to a broken send
         self._answer = pb.CallResponse if rpc == "Call" else _LANE_ANSWERS[rpc]
+        self._raw_call = rpc == "Call" and isinstance(request, Payload)
         self._request = (request, rpc, next((v for k, v in md if k == REQUEST_ID_KEY), ""))
         #: the call to send on this connection once this one's answer is read
         self.then: _DirectCall | None = None
@@ -149,7 +150,10 @@ class _DirectCall:
                     # after an error answer the shard may have closed the connection (it
                     # does when it refused the frame unread): not to be reused
                     self._client._drop_link(self._shard, self._link)
-                    if e.code is not None:
+                    if self._raw_call and "unknown rpc code" in str(e):
+                        # a shard from before raw-array calls: gRPC now, plain frames next
+                        self._client._plain_calls.add(self._client.addresses[self._shard])
+                    elif e.code is not None:
                         raise _DirectRpcError(e.code, str(e)) from None
             elif self._refused is not None:  # refused unread (over the limit): no retry
                 raise _DirectRpcError(self._refused.code, str(self._refused))
@@ -210,6 +214,8 @@ class PSClient:
         self._retired: list[tuple[float, grpc.Channel]] = []  # to closed shards, closing soon
         self._lock = threading.Lock()
         self._direct_ports: dict[str, int] = {}  # shard address -> direct lane port (0: none)
+        #: shard addresses whose lanes predate raw-array calls (they get plain call frames)
+        self._plain_calls: set[str] = set()
         # per thread: shard address -> DirectLink ("links"; "spares": the second connection)
         self._links = threading.local()
         self.coordinator = pb_grpc.CoordinatorStub(self._channel(address))
@@ -746,17 +752,20 @@ class PSClient:
             self._check_size(sum(np.asarray(a).nbytes for a in arrays[i]), "Call", s)
         text = json.dumps(args or {})
 
-        def request(i: int):
-            given = arrays[i] if arrays else []
+        def request(i: int, shard: int):
+            given = [np.asarray(a) for a in (arrays[i] if arrays else [])]
             req = pb.CallRequest(function=function, models=[x.name for x in specs], args=text)
-            given = [np.asarray(a) for a in given]
-            raw = 0 < len(given) <= _MAX_RAW_ARRAYS
-            if direct and raw and all(a.dtype.name in ALLOWED_DTYPES for a in given):
+            raw = 0 < len(given) <= _MAX_RAW_ARRAYS and all(
+                a.dtype.name in ALLOWED_DTYPES for a in given
+            )
+            if direct and raw and self.addresses[shard] not in self._plain_calls:
                 return Payload(req, arrays=given)  # raw on a lane; else the shard names it
             req.arrays.extend(to_array(a) for a in given)
             return req
 
-        resps = self._fanout("Call", [(s, request(i)) for i, s in enumerate(shards)], direct=direct)
+        resps = self._fanout(
+            "Call", [(s, request(i, s)) for i, s in enumerate(shards)], direct=direct
+        )
         return [
             (json.loads(r.result or "{}"), [from_array(a, f"{function} result") for a in r.arrays])
             for r in resps
