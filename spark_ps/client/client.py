@@ -168,8 +168,8 @@ class _DirectCall:
         return self._fallback().result()
 
 
-#: RPCs that always take a shard's direct lane when it has one (and their answers' types).
-#: Pulls and pushes: they always take a lane (a call only with ``direct``).
+#: RPCs that always take a shard's direct lane when it has one (and their answers' types):
+#: pulls and pushes. A call takes one only with ``direct``.
 _LANE_ANSWERS = {name: answer for name, _, answer in direct_lane.RPCS.values() if name != "Call"}
 #: Connections a thread keeps to each shard's lane: a call of several requests to a shard
 #: sends the next on the other connection while the shard applies one (the wire and the
