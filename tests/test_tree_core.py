@@ -75,6 +75,14 @@ def test_sketch_is_exact_and_independent_of_partitioning_and_merge_order():
         exact = np.array([int(qw[inv == i].sum()) for i in range(uniq.size)])
         assert np.array_equal(ref.weights[ref.indptr[j] : ref.indptr[j + 1]], exact)
     assert not np.signbit(ref.feature(3)[0]).any()  # -0.0 folded into 0.0
+    # equal weights (none given, or all 2.0) take a value's weight as count x weight
+    for equal, q in ((None, 1 << wexp), (np.full(n, 2.0), 2 << wexp)):
+        same = binning.summarize(X, equal, weight_exp=wexp)
+        for name in ("indptr", "values", "counts"):
+            assert np.array_equal(getattr(same, name), getattr(ref, name)), name
+        assert same.weights.dtype == np.int64 and np.array_equal(same.weights, ref.counts * q)
+    empty = binning.summarize(X[:0], None, weight_exp=wexp)
+    assert np.array_equal(empty.indptr, np.zeros(X.shape[1] + 1)) and empty.values.size == 0
     sampled = binning.summarize(X, w, weight_exp=wexp, fraction=0.3, seed=5)
     assert 0.25 * n < sampled.counts[sampled.indptr[0] : sampled.indptr[1]].sum() < 0.35 * n
 
