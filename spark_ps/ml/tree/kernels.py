@@ -122,8 +122,9 @@ def _add_cell(acc, o, q0, q1, q2):
 ROOT_BLOCK = 4
 #: Widest rows the blocked root pass takes; wider roots go row by row. Each sweep reads every
 #: row's cache line again, so the blocked pass's cost grows with the width: on 100k rows,
-#: 24 features 3.9 vs 3.7-6.5 ms row by row, 80 features 14-16 vs 9.6-10.5 ms, 200 features
-#: 77 vs 27 ms (measured, unit weights; it is 50 features where the two meet).
+#: 24 features 2.3-3.0 vs 3.7-3.9 ms row by row, 64 features 7.9-8.9 vs 5.8-9.9 ms
+#: (measured with vector adds on both cores; before them, 200 features took 77 vs 27 ms):
+#: the two meet at 40-50 features.
 ROOT_MAX_FEATURES = 48
 
 
