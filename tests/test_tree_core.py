@@ -81,8 +81,11 @@ def test_sketch_is_exact_and_independent_of_partitioning_and_merge_order():
         for name in ("indptr", "values", "counts"):
             assert np.array_equal(getattr(same, name), getattr(ref, name)), name
         assert same.weights.dtype == np.int64 and np.array_equal(same.weights, ref.counts * q)
-    empty = binning.summarize(X[:0], None, weight_exp=wexp)
-    assert np.array_equal(empty.indptr, np.zeros(X.shape[1] + 1)) and empty.values.size == 0
+    for empty, f in ((binning.summarize(X[:0], None, weight_exp=wexp), X.shape[1]),
+                     (binning.summarize(X[:, :0], w, weight_exp=wexp), 0)):  # fmt: skip
+        assert np.array_equal(empty.indptr, np.zeros(f + 1)) and empty.values.size == 0
+        dtypes = [a.dtype for a in (empty.indptr, empty.values, empty.weights, empty.counts)]
+        assert dtypes == [np.int64, np.float64, np.int64, np.int64]
     sampled = binning.summarize(X, w, weight_exp=wexp, fraction=0.3, seed=5)
     assert 0.25 * n < sampled.counts[sampled.indptr[0] : sampled.indptr[1]].sum() < 0.35 * n
 

@@ -158,7 +158,7 @@ def build_histograms(
         From :func:`quantize_rows`.
     unit_weight : int, optional
         If every weight is 1, pass :func:`unit_weight`'s value: sum w is then count * unit
-        (saves the numpy fallback a pass, and the compiled pass one add a cell).
+        (saves the numpy fallback a pass, and the compiled pass reading the weight column).
     """
     bins = np.asarray(bins)
     n, f = bins.shape
