@@ -79,7 +79,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "spark.ps.parseCache on: the first saves the workers' parses (or reads those an "
         "earlier config saved), the second, timed as 'refit s', reads them",
     )
-    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument(
+        "--task-cpus",
+        type=int,
+        default=1,
+        help="spark.task.cpus: each spark-ps worker's kernels use this many threads (MLlib's "
+        "tasks take as many cores each, so compare spark-ps against LightGBM/XGBoost then)",
+    )
+    p.add_argument("--partitions", type=int, default=None, help="default: 2 / --task-cpus")
     p.add_argument("--seed", type=int, default=42, help="split seed and MLlib seed")
     p.add_argument("--sparkps-params", default="{}", help="JSON of extra spark-ps Params")
     p.add_argument("--driver-memory", default="4g")
@@ -312,8 +319,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.omp_wait_policy != "inherit":  # read when libgomp loads: before lightgbm import
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     print(load_note(), flush=True)
-    spark = bench_session(args.driver_memory, app="spark-ps-bench-gbt")
-    train, test, data = gbt_dataset(spark, args.dataset, args.partitions, args.rows)
+    conf = {"spark.task.cpus": str(args.task_cpus)}
+    spark = bench_session(args.driver_memory, app="spark-ps-bench-gbt", conf=conf)
+    partitions = args.partitions or max(1, 2 // args.task_cpus)
+    train, test, data = gbt_dataset(spark, args.dataset, partitions, args.rows)
     data["train_df"], data["test_df"] = train.cache(), test.cache()
     n_feat = len(data["feature_names"])
     print(

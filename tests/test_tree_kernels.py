@@ -318,3 +318,81 @@ def test_node_histograms_with_unit_weight_equal_full_sums():
     slot = np.where(in_sample, slot_of_node[node], -1)
     np.testing.assert_array_equal(got, H._numpy_histograms(bins, slot, stats, 3, 16, None))
     assert got[..., 1].sum() == f * np.count_nonzero(slot >= 0) * unit
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """Split every pass over 3 threads, down to tiny inputs (restored afterwards)."""
+    monkeypatch.setattr(K, "_MIN_ROWS", 64)
+    monkeypatch.setattr(K, "_MIN_CELLS", 64)
+    previous = K.set_threads(3)
+    yield 3
+    K.set_threads(previous)
+
+
+def _each_kernel(rng, n: int, f: int) -> dict:
+    """Every threaded kernel's output on one random input."""
+    bins = rng.integers(0, 32, (n, f)).astype(np.uint8)
+    node = rng.integers(0, 5, n).astype(np.int32)
+    slot_of_node = np.array([0, -1, 1, 2, 3], np.int32)
+    in_sample = rng.random(n) < 0.9
+    w = rng.uniform(0.5, 2.0, n)
+    scale = H.choose_scale(-1.0, 1.0, 2.0, max(n, 1))
+    stats = K.quantize_pass(rng.uniform(-1, 1, n), w, *scale)
+    feature, split_bin = rng.integers(0, f, 5).astype(np.int32), rng.integers(0, 32, 5)
+    left, right = np.arange(5, 10, dtype=np.int32), np.arange(10, 15, dtype=np.int32)
+    now = np.array([True, False, True, True, True])
+    pred, y = rng.normal(0, 2, n), np.where(rng.random(n) < 0.4, 1.0, -1.0)
+    leaves = pred.copy()
+    K.add_leaf_values(leaves, node, rng.normal(size=5), 0.1)
+    X = rng.normal(size=(n, f))
+    thresholds = [np.sort(rng.normal(size=31)) for _ in range(f)]
+    return {
+        "stats": stats,
+        "root": K.node_histogram_pass(bins, node * 0, slot_of_node[:1], np.ones(n, bool),
+                                      stats, 1, 32),
+        "nodes": K.node_histogram_pass(bins, node, slot_of_node, in_sample, stats, 4, 32),
+        "unit": K.node_histogram_pass(bins, node, slot_of_node, in_sample, stats, 4, 32, 7),
+        "route": K.route_pass(bins, node, feature, split_bin.astype(np.int32), left, right, now),
+        "logistic": K.logistic_pass(pred, y, w),
+        "leaves": leaves,
+        "bins": K.bin_pass(X, thresholds, np.uint8),
+        "ids": K.row_ids_pass(X, y, w),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("n,f", [(1000, 10), (999, 80), (130, 3), (5, 2), (0, 4)])
+def test_threaded_passes_equal_one_thread(threads, n, f):
+    """A task with several CPUs splits each pass (histograms by features, the rest by rows):
+    every output is the one-thread pass's, bit for bit, except the loss pass's error (a sum
+    of per-thread partial sums), which is equal to rounding."""
+    seed = 100 + n + f
+    split = _each_kernel(np.random.default_rng(seed), n, f)
+    K.set_threads(1)
+    one = _each_kernel(np.random.default_rng(seed), n, f)
+    for name in ("stats", "root", "nodes", "unit", "route", "leaves", "bins", "ids"):
+        np.testing.assert_array_equal(split[name], one[name], err_msg=name)
+    (t1, lo1, hi1, e1), (t2, lo2, hi2, e2) = split["logistic"], one["logistic"]
+    np.testing.assert_array_equal(t1, t2)
+    assert (lo1, hi1) == (lo2, hi2)
+    assert e1 == pytest.approx(e2, rel=1e-12, abs=0.0)
+
+
+def test_threaded_histograms_name_a_bad_bin_in_any_part(threads):
+    rng = np.random.default_rng(12)
+    bins = rng.integers(0, 8, (500, 12)).astype(np.uint8)
+    bins[400, 10] = 9  # in the last thread's features
+    stats = np.ones((3, 500), np.int64)
+    i32 = np.zeros(500, np.int32)
+    for slots in (np.zeros(1, np.int32), np.array([0, 1], np.int32)):
+        with pytest.raises(ValueError, match="feature 10 has bin 9 >= n_bins=8"):
+            K.node_histogram_pass(bins, i32, slots, np.ones(500, bool), stats, slots.size, 8)
+
+
+def test_set_threads_returns_the_previous_count():
+    previous = K.set_threads(4)
+    try:
+        assert K.set_threads(0) == 4  # at least one thread
+        assert K.set_threads(1) == 1
+    finally:
+        K.set_threads(previous)

@@ -113,6 +113,7 @@ class WorkerContext:
         part: int,
         attempt: int,
         tls_ca: bytes | None = None,
+        cpus: int = 1,
     ):
         self.client = get_client(address, token, tls_ca)
         self.client.refresh()  # a cached client may hold an older map
@@ -120,6 +121,8 @@ class WorkerContext:
         self._tls_ca = tls_ca
         self._token = token
         self.topic, self.part, self.attempt = topic, part, attempt
+        #: CPUs Spark gave this task (``spark.task.cpus``): threads its kernels may use
+        self.cpus = max(1, int(cpus))
         self.state: dict[str, Any] = {}
         self._fault_counts: dict[str, int] = {}
 
@@ -235,7 +238,9 @@ def run_worker_loop(
 
         tc = BarrierTaskContext.get()
         keep_freed_memory()  # message buffers are reused, not page-faulted in per call
-        ctx = WorkerContext(address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca)
+        ctx = WorkerContext(
+            address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca, tc.cpus()
+        )
         setup(batches, ctx)
         if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
             state = _latest(ctx.client, f"{topic}/state")
@@ -659,10 +664,16 @@ class PSJob:
             raise self._failed() from self.error
 
 
+def task_slots(sc) -> int:
+    """Tasks the application runs at once: its cores (``defaultParallelism``) over the CPUs
+    each task takes (``spark.task.cpus``). A barrier job of more tasks never starts."""
+    cpus = int(sc.getConf().get("spark.task.cpus", "1") or 1)
+    return max(1, sc.defaultParallelism // max(cpus, 1))
+
+
 def partitions_for(df, num_workers: int):
-    """`df` with exactly `num_workers` partitions, warning when slots are fewer."""
-    sc = df.sparkSession.sparkContext
-    slots = sc.defaultParallelism
+    """`df` with exactly `num_workers` partitions, refused when slots are fewer."""
+    slots = task_slots(df.sparkSession.sparkContext)
     if num_workers > slots:
         raise ValueError(
             f"numWorkers={num_workers} exceeds the {slots} task slots of this application: "

@@ -53,7 +53,7 @@ from pyspark.sql import types as T
 
 from spark_ps import _jvm
 from spark_ps.data import VALIDATION_FLAG, CSRBatch, arrow_to_csr
-from spark_ps.ml._job import num_partitions
+from spark_ps.ml._job import num_partitions, task_slots
 from spark_ps.ml.parse_cache import persisted_input_key
 
 __all__ = [
@@ -278,7 +278,8 @@ def prepare_fit_data(
 ) -> PreparedData:
     """Validate column types, keep only the needed columns and repartition to the workers.
 
-    ``num_workers=0`` means the SparkContext's default parallelism. A RuntimeWarning is
+    ``num_workers=0`` means one per task slot (:func:`~spark_ps.ml._job.task_slots`: the
+    default parallelism over ``spark.task.cpus``). A RuntimeWarning is
     issued when there are fewer task slots than workers (barrier/SSP training needs every
     worker running at once). With ``densify_max``, a vector column whose first row is a
     dense vector of at most that size travels densified (kind ``"dense"``; read it with
@@ -306,7 +307,7 @@ def prepare_fit_data(
     if values_col:
         _check_values_col(schema, values_col, kind)
         cols.append(F.col(_quote(values_col)))
-    slots = dataset.sparkSession.sparkContext.defaultParallelism
+    slots = task_slots(dataset.sparkSession.sparkContext)
     workers = int(num_workers) or slots
     if workers > slots:
         warnings.warn(

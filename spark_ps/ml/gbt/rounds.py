@@ -59,6 +59,8 @@ def setup_rows(prepared: PreparedData, parse: parse_cache.ParsePlan | None = Non
     def setup(batches, ctx: WorkerContext) -> None:
         prof = ctx.state["_prof"] = defaultdict(float)
         prof["launch"] = time.time() - submitted  # job submitted -> this task reads its rows
+        kernels.set_threads(ctx.cpus)  # spark.task.cpus > 1: every pass uses them all
+        prof["threads"] = ctx.cpus
         warm_up()  # loads the compiled tree kernels while the JVM sends the rows
         t0 = time.perf_counter()
         batches = list(batches)

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from spark_ps.context import PSContext
-from spark_ps.ml._job import best_effort
+from spark_ps.ml._job import best_effort, task_slots
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
@@ -56,7 +56,7 @@ def _optimizer(params: dict) -> tuple[str, dict]:
 
 def _check_slots(prepared: PreparedData, staleness: int) -> None:
     """BSP/SSP workers wait for each other: all of them must run at once."""
-    slots = prepared.df.sparkSession.sparkContext.defaultParallelism
+    slots = task_slots(prepared.df.sparkSession.sparkContext)
     if staleness != ASP and prepared.num_workers > slots:
         raise ValueError(
             f"staleness={staleness} ({'BSP' if staleness == 0 else 'SSP'}) needs every worker "

@@ -7,6 +7,11 @@ The kernels only add int64 fixed-point statistics (see :mod:`spark_ps.ml.tree.hi
 so their sums are exact and equal to the numpy path's bit for bit, whatever the order
 (the loss pass's error is the one float sum: see :func:`logistic_pass`).
 
+Threads: a task given more than one CPU (``spark.task.cpus``) splits each pass over
+:func:`set_threads` threads, histograms by features and the rest by rows (numba releases
+the GIL). Every kernel's output is the same whatever the split, except the loss pass's
+error, a float sum of one partial sum per thread.
+
 Compile cost: numba compiles on first call, ~1-2 s per signature; ``cache=True`` keeps the
 machine code on disk (next to this file, else in numba's per-user cache dir, or
 ``NUMBA_CACHE_DIR``), so a Spark python worker pays only a cache load (tens of ms) once per
@@ -16,6 +21,8 @@ process. Without numba (or with ``SPARK_PS_NO_JIT=1``) callers fall back to nump
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,6 +38,7 @@ __all__ = [
     "quantize_pass",
     "route_pass",
     "row_ids_pass",
+    "set_threads",
     "warm_up",
 ]
 
@@ -86,19 +94,21 @@ def _add4(typingctx, acc, at, v0, v1, v2, v3):
 
 
 @njit(cache=True, nogil=True)
-def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, unit, out):
-    """Add each kept row's statistics to its slot in every feature; a bad bin's feature
-    (the caller names it and discards `out`), else -1.
+def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, unit, out, j0, j1):
+    """Add each kept row's statistics to its slot in features ``j0 <= j < j1``; a bad bin's
+    feature (the caller names it and discards `out`), else -1.
 
     Sums go to a fresh local array through unsigned offsets (no negative-index wraparound
     to compute per cell), which the compiler keeps apart from the inputs: 7 -> 5.5 ms on
     half of 131k x 24 rows (measured). A cell takes a row's count and statistics in one
     vector add (:func:`_add4`). `unit` > 0: every row's fixed-point weight is `unit` (no
     weight column is read)."""
-    n_feat = bins.shape[1]
+    n_feat, width = bins.shape[1], j1 - j0
     nb = np.uint64(n_bins)
-    per_slot = np.uint64(n_feat) * nb
-    acc = np.zeros(out.size, np.int64)  # out: flat [slots, features, bins, 4]
+    per_slot = np.uint64(width) * nb
+    n_slots = out.size // max(n_feat * n_bins * 4, 1)
+    block = width * n_bins * 4
+    acc = np.zeros(n_slots * block, np.int64)  # flat [slots, width, bins, 4]
     for r in range(bins.shape[0]):  # one pass over rows: each row's bins and stats read once
         if not in_sample[r]:
             continue
@@ -108,12 +118,14 @@ def _hist_node_rows(bins, node_of_row, slot_of_node, in_sample, stats, n_bins, u
         q0 = unit if unit != 0 else stats[0, r]
         q1, q2 = stats[1, r], stats[2, r]
         base = np.uint64(s) * per_slot
-        for j in range(n_feat):
-            b = np.uint64(bins[r, j])
+        for k in range(width):
+            b = np.uint64(bins[r, j0 + k])
             if b >= nb:
-                return j
-            _add4(acc, np.int64((base + np.uint64(j) * nb + b) * np.uint64(4)), 1, q0, q1, q2)
-    out[:] = acc
+                return j0 + k
+            _add4(acc, np.int64((base + np.uint64(k) * nb + b) * np.uint64(4)), 1, q0, q1, q2)
+    for s in range(n_slots):  # out: flat [slots, features, bins, 4]
+        first = (s * n_feat + j0) * n_bins * 4
+        out[first : first + block] = acc[s * block : (s + 1) * block]
     return -1
 
 
@@ -134,10 +146,10 @@ ROOT_MAX_FEATURES = 48
 
 
 @njit(cache=True, nogil=True)
-def _hist_all_rows(bins, stats, n_bins, out):
-    """Histograms of one slot holding every row (a tree's root), four features per sweep
-    over the rows; a bad bin's feature (the caller names it and discards `out`), else -1.
-    uint8 bins only.
+def _hist_all_rows(bins, stats, n_bins, out, j0, j1):
+    """Histograms of one slot holding every row (a tree's root) in features ``j0 <= j <
+    j1``, four features per sweep over the rows; a bad bin's feature (the caller names it
+    and discards `out`), else -1. uint8 bins only.
 
     Why four at a time: the pass is bound by reading the rows, not by adding. Feature by
     feature it read a row's statistics 24 times over 131k x 24 rows, 150 MB a pass, and two
@@ -148,11 +160,11 @@ def _hist_all_rows(bins, stats, n_bins, out):
     histogram has room for any uint8 bin, so the bins are checked once per block, by
     looking for counts above ``n_bins``. A last block of fewer than four features repeats
     its last column and drops the copies."""
-    n, n_feat = bins.shape
+    n = bins.shape[0]
     span = np.uint64(256 * 4)
     acc = np.zeros(ROOT_BLOCK * 256 * 4, np.int64)
-    last = n_feat - 1
-    for j in range(0, n_feat, ROOT_BLOCK):
+    last = j1 - 1
+    for j in range(j0, j1, ROOT_BLOCK):
         c1, c2, c3 = min(j + 1, last), min(j + 2, last), min(j + 3, last)
         acc[:] = 0
         for r in range(n):
@@ -162,7 +174,7 @@ def _hist_all_rows(bins, stats, n_bins, out):
             _add_cell(acc, span + np.uint64(bins[r, c1]) * four, q0, q1, q2)
             _add_cell(acc, span * np.uint64(2) + np.uint64(bins[r, c2]) * four, q0, q1, q2)
             _add_cell(acc, span * np.uint64(3) + np.uint64(bins[r, c3]) * four, q0, q1, q2)
-        for k in range(min(ROOT_BLOCK, n_feat - j)):
+        for k in range(min(ROOT_BLOCK, j1 - j)):
             region = np.uint64(k) * span
             for b in range(n_bins, 256):  # a count above the last bin: a bad bin
                 if acc[region + np.uint64(b * 4)] != 0:
@@ -186,6 +198,61 @@ def _route_rows(bins, node_of_row, feature, split_bin, left, right, split_now):
                 node_of_row[r] = left[nd]
             else:
                 node_of_row[r] = right[nd]
+
+
+# ------------------------------------------------------------------------------- threads
+
+#: Threads a pass is split over (:func:`set_threads`); a worker process runs one task.
+_threads = 1
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+#: Fewer rows than this a thread are not split: handing a part to a thread costs ~20-50 us.
+_MIN_ROWS = 16384
+#: Nor are histograms of fewer (row, feature) cells.
+_MIN_CELLS = 1 << 18
+
+
+def set_threads(n: int) -> int:
+    """Split each kernel pass of this process over `n` threads from now on; returns the
+    previous count. A worker sets its task's CPUs (``spark.task.cpus``): one task then uses
+    every core Spark gave it, not one."""
+    global _threads
+    previous, _threads = _threads, max(1, int(n))
+    return previous
+
+
+def _ranges(n: int, parts: int, step: int = 1) -> list[tuple[int, int]]:
+    """`n` items in at most `parts` contiguous ranges of whole `step`s (one if `n` is 0)."""
+    steps = -(-n // step)
+    parts = max(1, min(parts, steps))
+    cuts = [min(n, steps * k // parts * step) for k in range(parts + 1)]
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a] or [(0, n)]
+
+
+def _run(kernel: Callable, calls: list[tuple]) -> list:
+    """``kernel(*args)`` for each of `calls`, the first on this thread and the rest on the
+    pool at once; the results in order."""
+    if len(calls) == 1 or not HAVE_JIT:
+        return [kernel(*args) for args in calls]
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size < len(calls) - 1:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool_size = len(calls) - 1
+            _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="spark-ps-kernel")
+        pool = _pool
+    rest = [pool.submit(kernel, *args) for args in calls[1:]]
+    first = kernel(*calls[0])
+    return [first, *(job.result() for job in rest)]
+
+
+def _by_rows(kernel: Callable, n: int, args_of: Callable[[int, int], tuple]) -> list:
+    """`kernel` over rows ``[a, b)`` of `n` (``args_of(a, b)`` its arguments), split over
+    the threads when each gets at least :data:`_MIN_ROWS` rows; the parts' results in order."""
+    parts = _ranges(n, min(_threads, max(1, n // _MIN_ROWS)))
+    return _run(kernel, [args_of(a, b) for a, b in parts])
 
 
 def _check_bins(bins: np.ndarray, bad: int, n_bins: int) -> None:
@@ -216,17 +283,20 @@ def node_histogram_pass(
     :data:`ROOT_MAX_FEATURES` features runs four features a sweep (:func:`_hist_all_rows`),
     anything else row by row: the sums are exact integers, the same in any order.
     """
-    out = np.zeros(n_slots * bins.shape[1] * n_bins * 4, dtype=np.int64)
+    n, n_feat = bins.shape
+    out = np.zeros(n_slots * n_feat * n_bins * 4, dtype=np.int64)
     root = slot_of_node.shape == (1,) and slot_of_node[0] == 0  # nodes are in range: all 0
-    narrow = bins.dtype == np.uint8 and bins.shape[1] <= ROOT_MAX_FEATURES and n_bins <= 256
+    narrow = bins.dtype == np.uint8 and n_feat <= ROOT_MAX_FEATURES and n_bins <= 256
     if root and n_slots == 1 and narrow and in_sample.all():
-        bad = _hist_all_rows(bins, row_stats, n_bins, out)
+        kernel, args = _hist_all_rows, (bins, row_stats, n_bins, out)
+        step = ROOT_BLOCK  # whole blocks per thread
     else:
         unit = np.int64(unit_weight or 0)
-        bad = _hist_node_rows(
-            bins, node_of_row, slot_of_node, in_sample, row_stats, n_bins, unit, out
-        )
-    _check_bins(bins, bad, n_bins)
+        kernel, step = _hist_node_rows, 1
+        args = (bins, node_of_row, slot_of_node, in_sample, row_stats, n_bins, unit, out)
+    parts = _ranges(n_feat, _threads if n * n_feat >= _MIN_CELLS else 1, step)
+    found = [b for b in _run(kernel, [(*args, j0, j1) for j0, j1 in parts]) if b >= 0]
+    _check_bins(bins, min(found, default=-1), n_bins)
     return out.reshape(n_slots, bins.shape[1], n_bins, 4)
 
 
@@ -240,14 +310,15 @@ def route_pass(
     split_now: np.ndarray,
 ) -> np.ndarray:
     """``node_of_row`` with the rows of nodes split this layer moved to their child (a copy)."""
+    splits = (feature, split_bin, left, right, split_now)
     out = np.array(node_of_row, dtype=np.int32, copy=True)
-    _route_rows(bins, out, feature, split_bin, left, right, split_now)
+    _by_rows(_route_rows, out.shape[0], lambda a, b: (bins[a:b], out[a:b], *splits))
     return out
 
 
 @njit(cache=True, nogil=True)
-def _quantize(targets, weights, center, to_u, to_q, limit, out):
-    for r in range(targets.shape[0]):  # the numpy path's operations, in its order
+def _quantize(targets, weights, center, to_u, to_q, limit, out, r0, r1):
+    for r in range(r0, r1):  # the numpy path's operations, in its order
         u = (targets[r] - center) * to_u
         w = weights[r]
         wq = w * to_q
@@ -272,13 +343,9 @@ def quantize_pass(
     if not (-1000 < target_exp < 1000 and -1000 < weight_exp < 1000):
         return None
     out = np.empty((3, targets.shape[0]), dtype=np.int64)
-    limit = 2.0**62
-    if (
-        _quantize(targets, weights, float(center), 2.0**-target_exp, 2.0**weight_exp, limit, out)
-        >= 0
-    ):
-        return None
-    return out
+    args = (targets, weights, float(center), 2.0**-target_exp, 2.0**weight_exp, 2.0**62, out)
+    bad = _by_rows(_quantize, targets.shape[0], lambda a, b: (*args, a, b))
+    return None if any(r >= 0 for r in bad) else out
 
 
 _exp = njit(cache=True, nogil=True)(exp_scalar)
@@ -313,7 +380,16 @@ def logistic_pass(
     An empty input gives min inf and max -inf."""
     pred, labels, weights = (np.ascontiguousarray(a, np.float64) for a in (pred, labels, weights))
     targets = np.empty(pred.shape[0], dtype=np.float64)
-    lo, hi, err = _logistic_rows(pred, labels, weights, targets)
+    parts = _by_rows(
+        _logistic_rows,
+        pred.shape[0],
+        lambda a, b: (pred[a:b], labels[a:b], weights[a:b], targets[a:b]),
+    )
+    lo = min((p[0] for p in parts), default=np.inf)
+    hi = max((p[1] for p in parts), default=-np.inf)
+    err = 0.0
+    for p in parts:  # in row order: the same sum for the same thread count
+        err += p[2]
     return targets, lo, hi, err
 
 
@@ -328,7 +404,8 @@ def add_leaf_values(
 ) -> None:
     """``pred += values[node_of_row] * weight`` in place, without numpy's two temporaries
     (the same bits). Callers have checked that every node indexes `values`."""
-    _add_leaf_values(pred, node_of_row, values, float(weight))
+    w = float(weight)
+    _by_rows(_add_leaf_values, pred.shape[0], lambda a, b: (pred[a:b], node_of_row[a:b], values, w))
 
 
 @njit(cache=True, nogil=True)
@@ -384,7 +461,8 @@ def bin_pass(X: np.ndarray, thresholds: list[np.ndarray], dtype) -> np.ndarray:
     for j, t in enumerate(thresholds):  # loop over features: a few dozen
         thr[j, : t.size] = t
     out = np.empty(X.shape, dtype=dtype)
-    (_bin_rows_count if count else _bin_rows)(X, thr, n_thr, out)
+    kernel = _bin_rows_count if count else _bin_rows
+    _by_rows(kernel, X.shape[0], lambda a, b: (X[a:b], thr, n_thr, out[a:b]))
     return out
 
 
@@ -415,7 +493,8 @@ def row_ids_pass(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     out = np.empty(X.shape[0], dtype=np.uint64)
     bits = np.ascontiguousarray(X, dtype=np.float64).view(np.uint64)
     as_u64 = [np.ascontiguousarray(a, dtype=np.float64).view(np.uint64) for a in (y, w)]
-    _row_ids(as_u64[0], bits, as_u64[1], out)
+    y, w = as_u64
+    _by_rows(_row_ids, X.shape[0], lambda a, b: (y[a:b], bits[a:b], w[a:b], out[a:b]))
     return out.view(np.int64)
 
 
