@@ -142,6 +142,40 @@ def test_loss_and_grad_matches_dense_formula_and_is_stable() -> None:
     assert gi == pytest.approx(np.sum(w * (p - y)), rel=1e-10, abs=1e-9)
 
 
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_loss_and_grad_on_threads_sums_its_row_blocks(monkeypatch, dense, weighted) -> None:
+    """A task with several CPUs splits the batch into row blocks, one a thread: the same
+    loss and gradient to rounding (the blocks' sums add up in row order), again on a
+    second call (the blocks are cached on the batch)."""
+    from spark_ps.data import DenseBatch
+    from spark_ps.ml import threads
+    from spark_ps.ml.lr import objective
+
+    rng = np.random.default_rng(9)
+    batch = random_batch(rng, 1001, 40, 0.2)
+    if not weighted:
+        batch.weights = None
+    keys, local = batch.localize()
+    if dense:
+        local = DenseBatch(matrix=local.to_dense(), labels=local.labels, weights=local.weights)
+    coef, inv = rng.normal(size=keys.size), rng.uniform(0.5, 2.0, keys.size)
+    one = loss_and_grad(local, coef, 0.2, inv, True)
+    monkeypatch.setattr(objective, "THREAD_MIN_ROWS", 100)
+    previous = threads.set_threads(3)
+    try:
+        split = [loss_and_grad(local, coef, 0.2, inv, True) for _ in range(2)]
+    finally:
+        threads.set_threads(previous)
+    assert [b[:2] for b in local._blocks[1]] == [(0, 333), (333, 667), (667, 1001)]
+    for loss, grad, gi, wsum in split:
+        assert loss == pytest.approx(one[0], rel=1e-13)
+        np.testing.assert_allclose(grad, one[1], rtol=1e-12, atol=1e-12)
+        assert gi == pytest.approx(one[2], rel=1e-12, abs=1e-12)
+        assert wsum == one[3]
+    assert split[0][0] == split[1][0] and np.array_equal(split[0][1], split[1][1])
+
+
 def test_loss_and_grad_rejects_a_batch_that_is_not_localized() -> None:
     batch = random_batch(np.random.default_rng(5), 10, 50)
     with pytest.raises(ValueError, match="is the batch localized"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from spark_ps.ml import threads
 from spark_ps.ml.tree import histogram as H
 from spark_ps.ml.tree import kernels as K
 from spark_ps.ml.tree.local import route_rows
@@ -321,13 +322,13 @@ def test_node_histograms_with_unit_weight_equal_full_sums():
 
 
 @pytest.fixture
-def threads(monkeypatch):
+def three_threads(monkeypatch):
     """Split every pass over 3 threads, down to tiny inputs (restored afterwards)."""
     monkeypatch.setattr(K, "_MIN_ROWS", 64)
     monkeypatch.setattr(K, "_MIN_CELLS", 64)
-    previous = K.set_threads(3)
+    previous = threads.set_threads(3)
     yield 3
-    K.set_threads(previous)
+    threads.set_threads(previous)
 
 
 def _each_kernel(rng, n: int, f: int) -> dict:
@@ -362,13 +363,13 @@ def _each_kernel(rng, n: int, f: int) -> dict:
 
 
 @pytest.mark.parametrize("n,f", [(1000, 10), (999, 80), (130, 3), (5, 2), (0, 4)])
-def test_threaded_passes_equal_one_thread(threads, n, f):
+def test_threaded_passes_equal_one_thread(three_threads, n, f):
     """A task with several CPUs splits each pass (histograms by features, the rest by rows):
     every output is the one-thread pass's, bit for bit, except the loss pass's error (a sum
     of per-thread partial sums), which is equal to rounding."""
     seed = 100 + n + f
     split = _each_kernel(np.random.default_rng(seed), n, f)
-    K.set_threads(1)
+    threads.set_threads(1)
     one = _each_kernel(np.random.default_rng(seed), n, f)
     for name in ("stats", "root", "nodes", "unit", "route", "leaves", "bins", "ids"):
         np.testing.assert_array_equal(split[name], one[name], err_msg=name)
@@ -378,7 +379,7 @@ def test_threaded_passes_equal_one_thread(threads, n, f):
     assert e1 == pytest.approx(e2, rel=1e-12, abs=0.0)
 
 
-def test_threaded_histograms_name_a_bad_bin_in_any_part(threads):
+def test_threaded_histograms_name_a_bad_bin_in_any_part(three_threads):
     rng = np.random.default_rng(12)
     bins = rng.integers(0, 8, (500, 12)).astype(np.uint8)
     bins[400, 10] = 9  # in the last thread's features
@@ -390,9 +391,9 @@ def test_threaded_histograms_name_a_bad_bin_in_any_part(threads):
 
 
 def test_set_threads_returns_the_previous_count():
-    previous = K.set_threads(4)
+    previous = threads.set_threads(4)
     try:
-        assert K.set_threads(0) == 4  # at least one thread
-        assert K.set_threads(1) == 1
+        assert threads.set_threads(0) == 4  # at least one thread
+        assert threads.set_threads(1) == 1
     finally:
-        K.set_threads(previous)
+        threads.set_threads(previous)

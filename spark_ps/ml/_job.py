@@ -39,6 +39,7 @@ from ps_server.lifecycle import keep_freed_memory
 from ps_server.timeouts import MAX_WAIT_SECONDS
 from spark_ps.client import PSUnreachable, get_client
 from spark_ps.client.reach import reaches, unreachable_in
+from spark_ps.ml import threads
 
 __all__ = [
     "PSJob",
@@ -241,6 +242,7 @@ def run_worker_loop(
         ctx = WorkerContext(
             address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca, tc.cpus()
         )
+        threads.set_threads(ctx.cpus)  # spark.task.cpus > 1: the worker's passes use them
         setup(batches, ctx)
         if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
             state = _latest(ctx.client, f"{topic}/state")

@@ -17,7 +17,7 @@ import numpy as np
 
 from ps_server.keys import mix64
 from spark_ps.data import VALIDATION_FLAG, read_flags, read_partition
-from spark_ps.ml import parse_cache
+from spark_ps.ml import parse_cache, threads
 from spark_ps.ml._job import WorkerContext, _latest
 from spark_ps.ml.gbt.boost_worker import boost, tree_topic
 from spark_ps.ml.tree import kernels
@@ -59,8 +59,7 @@ def setup_rows(prepared: PreparedData, parse: parse_cache.ParsePlan | None = Non
     def setup(batches, ctx: WorkerContext) -> None:
         prof = ctx.state["_prof"] = defaultdict(float)
         prof["launch"] = time.time() - submitted  # job submitted -> this task reads its rows
-        kernels.set_threads(ctx.cpus)  # spark.task.cpus > 1: every pass uses them all
-        prof["threads"] = ctx.cpus
+        prof["threads"] = threads.count()  # the task's CPUs: every pass uses them
         warm_up()  # loads the compiled tree kernels while the JVM sends the rows
         t0 = time.perf_counter()
         batches = list(batches)

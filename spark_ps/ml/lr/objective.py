@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from spark_ps.data import DENSE_MAX_FEATURES, CSRBatch, DenseBatch
+from spark_ps.ml import threads
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.vecspace import NumpyVecSpace, VecSpace
 
@@ -505,18 +506,61 @@ def loss_and_grad(
             f"loss_and_grad: batch indices reach {int(csr.indices.max())} but only {k} "
             "coefficients were given (is the batch localized?)"
         )
-    margin = margins(csr, coef_local, intercept, inv_std_local, fit_intercept)
-    X = _scipy_csr(csr, k)  # `rows` is no longer needed: scipy walks the CSR itself
-    # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
-    # A numpy sum, not a BLAS dot: an OpenBLAS call this size wakes helper threads that
-    # then spin, taking a core from the partition beside this one.
-    losses = np.logaddexp(0.0, np.where(y > 0, -margin, margin))
-    loss_sum = float((losses if csr.weights is None else w * losses).sum())
-    with np.errstate(over="ignore"):
-        r = w * (1.0 / (1.0 + np.exp(-margin)) - y)
-    grad = (X.T @ r) * inv_std_local
-    grad_intercept = float(r.sum()) if fit_intercept else 0.0
-    return loss_sum, grad, grad_intercept, float(w.sum())
+    # `rows` is no longer needed: scipy walks the CSR itself
+    parts = min(threads.count(), max(1, csr.n_rows // THREAD_MIN_ROWS))
+    coef_std = coef_local * inv_std_local
+    weighted = csr.weights is not None
+
+    def block(a: int, b: int, X) -> tuple[float, np.ndarray, float]:
+        margin = X @ coef_std
+        if fit_intercept:
+            margin += intercept
+        yb, wb = y[a:b], w[a:b]
+        # log(1 + exp(-m)) for y = 1 and log(1 + exp(m)) for y = 0, as MLlib (label > 0).
+        # A numpy sum, not a BLAS dot: an OpenBLAS call this size wakes helper threads that
+        # then spin, taking a core from the partition beside this one.
+        losses = np.logaddexp(0.0, np.where(yb > 0, -margin, margin))
+        loss = float((wb * losses if weighted else losses).sum())
+        with np.errstate(over="ignore"):
+            r = wb * (1.0 / (1.0 + np.exp(-margin)) - yb)
+        return loss, X.T @ r, float(r.sum())
+
+    (loss_sum, grad, r_sum), *rest = threads.run(block, _row_blocks(csr, k, parts))
+    for loss, g, rs in rest:  # in row order: the same sums for the same thread count
+        loss_sum, grad, r_sum = loss_sum + loss, grad + g, r_sum + rs
+    grad_intercept = r_sum if fit_intercept else 0.0
+    return loss_sum, grad * inv_std_local, grad_intercept, float(w.sum())
+
+
+#: Rows a thread takes at least when a task has several CPUs (``spark.task.cpus``): a
+#: smaller batch's products run on one thread.
+THREAD_MIN_ROWS = 32768
+
+
+def _row_blocks(csr: CSRBatch | DenseBatch, k: int, parts: int) -> list[tuple]:
+    """``(first row, end row, matrix)`` of `parts` contiguous row blocks of the batch's
+    product matrix (:func:`_scipy_csr`), views of its arrays, cached on the batch. Each
+    thread of a task with several CPUs takes one: scipy's sparse products and numpy's
+    release the GIL."""
+    X = _scipy_csr(csr, k)
+    if parts <= 1:
+        return [(0, csr.n_rows, X)]
+    cached = getattr(csr, "_blocks", None)
+    if cached is not None and cached[0] == (k, parts):
+        return cached[1]
+    import scipy.sparse as sp
+
+    blocks = []
+    for a, b in threads.ranges(csr.n_rows, parts):
+        if isinstance(X, np.ndarray):
+            blocks.append((a, b, X[a:b]))
+            continue
+        lo, hi = int(X.indptr[a]), int(X.indptr[b])
+        indptr = X.indptr[a : b + 1] - lo
+        part = sp.csr_matrix((X.data[lo:hi], X.indices[lo:hi], indptr), shape=(b - a, k))
+        blocks.append((a, b, part))
+    csr._blocks = ((k, parts), blocks)
+    return blocks
 
 
 # --------------------------------------------------------------------------- vectors

@@ -7,10 +7,10 @@ The kernels only add int64 fixed-point statistics (see :mod:`spark_ps.ml.tree.hi
 so their sums are exact and equal to the numpy path's bit for bit, whatever the order
 (the loss pass's error is the one float sum: see :func:`logistic_pass`).
 
-Threads: a task given more than one CPU (``spark.task.cpus``) splits each pass over
-:func:`set_threads` threads, histograms by features and the rest by rows (numba releases
-the GIL). Every kernel's output is the same whatever the split, except the loss pass's
-error, a float sum of one partial sum per thread.
+Threads: a task given more than one CPU (``spark.task.cpus``) splits each pass over its
+threads (:mod:`spark_ps.ml.threads`), histograms by features and the rest by rows (numba
+releases the GIL). Every kernel's output is the same whatever the split, except the loss
+pass's error, a float sum of one partial sum per thread.
 
 Compile cost: numba compiles on first call, ~1-2 s per signature; ``cache=True`` keeps the
 machine code on disk (next to this file, else in numba's per-user cache dir, or
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ps_server.jit import jit_wanted
+from spark_ps.ml import threads
 from spark_ps.ml.tree.portable_exp import exp_scalar
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "quantize_pass",
     "route_pass",
     "row_ids_pass",
-    "set_threads",
     "warm_up",
 ]
 
@@ -202,56 +201,24 @@ def _route_rows(bins, node_of_row, feature, split_bin, left, right, split_now):
 
 # ------------------------------------------------------------------------------- threads
 
-#: Threads a pass is split over (:func:`set_threads`); a worker process runs one task.
-_threads = 1
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_lock = threading.Lock()
 #: Fewer rows than this a thread are not split: handing a part to a thread costs ~20-50 us.
 _MIN_ROWS = 16384
 #: Nor are histograms of fewer (row, feature) cells.
 _MIN_CELLS = 1 << 18
 
 
-def set_threads(n: int) -> int:
-    """Split each kernel pass of this process over `n` threads from now on; returns the
-    previous count. A worker sets its task's CPUs (``spark.task.cpus``): one task then uses
-    every core Spark gave it, not one."""
-    global _threads
-    previous, _threads = _threads, max(1, int(n))
-    return previous
-
-
-def _ranges(n: int, parts: int, step: int = 1) -> list[tuple[int, int]]:
-    """`n` items in at most `parts` contiguous ranges of whole `step`s (one if `n` is 0)."""
-    steps = -(-n // step)
-    parts = max(1, min(parts, steps))
-    cuts = [min(n, steps * k // parts * step) for k in range(parts + 1)]
-    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a] or [(0, n)]
-
-
 def _run(kernel: Callable, calls: list[tuple]) -> list:
     """``kernel(*args)`` for each of `calls`, the first on this thread and the rest on the
     pool at once; the results in order."""
-    if len(calls) == 1 or not HAVE_JIT:
+    if not HAVE_JIT:  # plain Python holds the GIL: no use splitting it
         return [kernel(*args) for args in calls]
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size < len(calls) - 1:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool_size = len(calls) - 1
-            _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="spark-ps-kernel")
-        pool = _pool
-    rest = [pool.submit(kernel, *args) for args in calls[1:]]
-    first = kernel(*calls[0])
-    return [first, *(job.result() for job in rest)]
+    return threads.run(kernel, calls)
 
 
 def _by_rows(kernel: Callable, n: int, args_of: Callable[[int, int], tuple]) -> list:
     """`kernel` over rows ``[a, b)`` of `n` (``args_of(a, b)`` its arguments), split over
     the threads when each gets at least :data:`_MIN_ROWS` rows; the parts' results in order."""
-    parts = _ranges(n, min(_threads, max(1, n // _MIN_ROWS)))
+    parts = threads.ranges(n, min(threads.count(), max(1, n // _MIN_ROWS)))
     return _run(kernel, [args_of(a, b) for a, b in parts])
 
 
@@ -294,7 +261,7 @@ def node_histogram_pass(
         unit = np.int64(unit_weight or 0)
         kernel, step = _hist_node_rows, 1
         args = (bins, node_of_row, slot_of_node, in_sample, row_stats, n_bins, unit, out)
-    parts = _ranges(n_feat, _threads if n * n_feat >= _MIN_CELLS else 1, step)
+    parts = threads.ranges(n_feat, threads.count() if n * n_feat >= _MIN_CELLS else 1, step)
     found = [b for b in _run(kernel, [(*args, j0, j1) for j0, j1 in parts]) if b >= 0]
     _check_bins(bins, min(found, default=-1), n_bins)
     return out.reshape(n_slots, bins.shape[1], n_bins, 4)
