@@ -9,11 +9,12 @@ as often as its solver asks, each core on its own partition with the weights at 
                 weights local (the fit's own `loss_and_grad` kernel; no PS, no Spark job)
 
 Both are measured in one plain `mapInArrow` job over the same partitions, one task per
-core as in the fit. (a) is the job's wall time less its tasks' time after reading, so it
-holds Spark's task launch and the Arrow hand-over, which a fit pays once too; (b) is the
-slowest partition's median, since evaluations wait for every partition. Everything
-between the floor and the fit (pulls, pushes, rounds, line-search bookkeeping, set-up
-phases) is a cost the fit's own phase timings list.
+task slot as in the fit (on its ``spark.task.cpus`` threads). (a) is the job's wall time
+less its tasks' time after reading, so it holds Spark's task launch and the Arrow
+hand-over, which a fit pays once too; (b) is the slowest partition's median, since
+evaluations wait for every partition. Everything between the floor and the fit (pulls,
+pushes, rounds, line-search bookkeeping, set-up phases) is a cost the fit's own phase
+timings list.
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ def measure_floor(df: Any, features_col: str, label_col: str = "label", reps: in
     def task(batches):
         import numpy as np
         import pyarrow as pa
+        from pyspark import TaskContext
 
         from spark_ps.data import read_partition
+        from spark_ps.ml import threads
         from spark_ps.ml.lr.objective import loss_and_grad
 
+        threads.set_threads(TaskContext.get().cpus())  # as a fit's worker does
         t0 = time.perf_counter()
         csr = read_partition(batches, features_col, label_col=label_col)
         keys, local = csr.localize()

@@ -104,7 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="fit spark-ps again on the same cached rows (it reads its saved parses)",
     )
-    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument(
+        "--task-cpus",
+        type=int,
+        default=1,
+        help="spark.task.cpus: each spark-ps worker (and floor task) uses this many threads",
+    )
+    p.add_argument("--partitions", type=int, default=None, help="default: 2 / --task-cpus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--driver-memory", default="6g")
     p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
@@ -277,6 +283,7 @@ def _child_argv(impl: str, case: Case, args: argparse.Namespace, target: float |
     for flag in ("max_iter", "reg_param", "elastic_net_param", "tol", "standardization"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     argv += ["--nnz", str(args.nnz), "--seed", str(args.seed), "--partitions", str(args.partitions)]
+    argv += ["--task-cpus", str(args.task_cpus)]
     argv += ["--sparkps-params", args.sparkps_params, "--loss-rtol", str(args.loss_rtol)]
     if target is not None:
         argv += ["--target-loss", repr(target)]
@@ -442,7 +449,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     impls = parse_impls(args.impl, IMPLS)
     impls = sorted(impls, key=lambda i: i != "mllib")  # MLlib first: its loss is the target
-    spark = bench_session(args.driver_memory, app="spark-ps-bench-lr")
+    args.partitions = args.partitions or max(1, 2 // args.task_cpus)
+    conf = {"spark.task.cpus": str(args.task_cpus)}
+    spark = bench_session(args.driver_memory, app="spark-ps-bench-lr", conf=conf)
     print(load_note(), flush=True)
     if args.refit:  # the first fit saves its parses, the refit reads them
         spark.conf.set("spark.ps.parseCache", "true")
