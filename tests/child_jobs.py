@@ -4,6 +4,7 @@ Python. A job reports back by printing one ``RESULT <json>`` line; tests read th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -54,3 +55,18 @@ def result_of(done: subprocess.CompletedProcess) -> dict:
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(_TAG)]
     assert lines, f"the job printed no {_TAG!r} line:\n{done.stdout}\n{done.stderr[-4000:]}"
     return json.loads(lines[-1][len(_TAG) :])
+
+
+class LogLines(logging.Handler):
+    """The messages of the loggers it is added to (a child job reads what a fit logged)."""
+
+    def __init__(self, *loggers: str) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        for name in loggers:
+            logger = logging.getLogger(name)
+            logger.addHandler(self)
+            logger.setLevel(logging.INFO)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())

@@ -6,20 +6,11 @@ parses or missed them (then the rows were read), and its coefficients and interc
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
+from child_jobs import LogLines
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import SparkSession
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 def main() -> None:
@@ -32,10 +23,7 @@ def main() -> None:
     rows = [(float(y[i]), Vectors.dense(X[i].tolist())) for i in range(3000)]
     df = spark.createDataFrame(rows, ["label", "features"]).repartition(2).cache()
     df.count()
-    lines = _Lines()
-    logger = logging.getLogger("spark_ps.job")
-    logger.addHandler(lines)
-    logger.setLevel(logging.INFO)
+    lines = LogLines("spark_ps.job")
     fits = []
     for _ in range(3):
         del lines.lines[:]

@@ -6,10 +6,10 @@ coefficients. :func:`frame` makes the same rows in the test's own session."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 
 import numpy as np
+from child_jobs import LogLines
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import SparkSession
 
@@ -30,15 +30,6 @@ GBT = {"maxIter": 6, "maxDepth": 4, "seed": 3}
 LR = {"maxIter": 30, "regParam": 0.01}
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def main() -> None:
     from spark_ps.ml._job import task_slots
     from spark_ps.ml.classification import GBTClassifier, LogisticRegression
@@ -46,10 +37,7 @@ def main() -> None:
     spark = SparkSession.builder.appName("task-cpus-fit").getOrCreate()
     df = frame(spark).cache()
     df.count()
-    lines = _Lines()
-    logger = logging.getLogger("spark_ps.ml.gbt")
-    logger.addHandler(lines)
-    logger.setLevel(logging.INFO)
+    lines = LogLines("spark_ps.ml.gbt")
     gbt = GBTClassifier(**GBT).fit(df)
     threads = re.findall(r"threads (\d+)", "\n".join(lines.lines))
     lr = LogisticRegression(**LR).fit(df)
