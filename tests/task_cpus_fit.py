@@ -13,7 +13,7 @@ from child_jobs import LogLines
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import SparkSession
 
-ROWS, FEATURES = 40_000, 16  # enough rows for every pass to split over two threads
+ROWS, FEATURES = 70_000, 16  # enough rows for every pass to split over two threads
 
 
 def frame(spark):

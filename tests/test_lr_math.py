@@ -145,9 +145,9 @@ def test_loss_and_grad_matches_dense_formula_and_is_stable() -> None:
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_loss_and_grad_on_threads_sums_its_row_blocks(monkeypatch, dense, weighted) -> None:
-    """A task with several CPUs splits the batch into row blocks, one a thread: the same
-    loss and gradient to rounding (the blocks' sums add up in row order), again on a
-    second call (the blocks are cached on the batch)."""
+    """A task with several CPUs splits the batch into row blocks, one a thread (views of
+    its arrays, no copies): the same loss and gradient to rounding (the blocks' sums add
+    up in row order), and the same numbers on a second call."""
     from spark_ps.data import DenseBatch
     from spark_ps.ml import threads
     from spark_ps.ml.lr import objective
@@ -167,13 +167,25 @@ def test_loss_and_grad_on_threads_sums_its_row_blocks(monkeypatch, dense, weight
         split = [loss_and_grad(local, coef, 0.2, inv, True) for _ in range(2)]
     finally:
         threads.set_threads(previous)
-    assert [b[:2] for b in local._blocks[1]] == [(0, 333), (333, 667), (667, 1001)]
+    blocks = objective._row_blocks(local, keys.size, 3)
+    assert [b[:2] for b in blocks] == [(0, 333), (333, 667), (667, 1001)]
     for loss, grad, gi, wsum in split:
         assert loss == pytest.approx(one[0], rel=1e-13)
         np.testing.assert_allclose(grad, one[1], rtol=1e-12, atol=1e-12)
         assert gi == pytest.approx(one[2], rel=1e-12, abs=1e-12)
         assert wsum == one[3]
     assert split[0][0] == split[1][0] and np.array_equal(split[0][1], split[1][1])
+    for a, b, X in blocks:  # each reads the batch's own arrays: no copies
+        if dense:
+            assert np.shares_memory(X, local.matrix)
+            continue
+        whole = objective._scipy_csr(local, keys.size)  # built once, kept on the batch
+        assert X.X is whole and np.shares_memory(X.X.data, local.values)
+        # the products scipy computes for the same rows, bit for bit
+        rows = whole[a:b]
+        v, r = rng.normal(size=keys.size), rng.normal(size=b - a)
+        assert np.array_equal(X.matvec(v), rows @ v)
+        assert np.array_equal(X.rmatvec(r), rows.T @ r)
 
 
 def test_loss_and_grad_rejects_a_batch_that_is_not_localized() -> None:

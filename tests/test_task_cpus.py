@@ -8,11 +8,13 @@ import pytest
 from child_jobs import ROOT, result_of, spark_submit
 from task_cpus_fit import GBT, LR, frame
 
-from spark_ps.ml._job import task_slots
+from spark_ps.ml._job import slots_by_division, task_slots
 
 
-def test_task_slots_divide_the_cores_by_the_cpus_of_a_task(spark):
-    assert task_slots(spark.sparkContext) == spark.sparkContext.defaultParallelism  # 1 a task
+def test_task_slots_are_the_cores_over_the_cpus_of_a_task(spark):
+    assert task_slots(spark.sparkContext) == 2  # local[2], one CPU a task: Spark's count
+    # before executors register, the default parallelism over spark.task.cpus
+    assert [slots_by_division(5, c) for c in ("1", "2", 3, "", None, "8")] == [5, 2, 1, 5, 5, 1]
 
 
 def test_two_cpus_a_task_fit_one_threaded_worker_to_the_same_models(spark_ps):

@@ -51,8 +51,9 @@ def _chunk_gains(
     target_exp: int,
     mask: np.ndarray | None,
 ) -> np.ndarray:
-    """Gain of every candidate split, -inf where MLlib would call the split invalid."""
-    total = cum[:, :, -1:, :]
+    """Gain of every candidate split, -inf where MLlib would call the split invalid. A
+    node's totals are its first feature's: every feature's bins hold each of its rows once."""
+    total = cum[:, :1, -1:, :]
     right = total - cum
     lw = cum[..., 1].astype(np.float64)
     rw = right[..., 1].astype(np.float64)
@@ -169,7 +170,7 @@ def best_splits(
         sub["feature"] = np.where(ok, f_loc + int(feature_offset), -1)
         sub["bin"] = np.where(ok, b, -1)
         sub["left"] = np.where(ok[:, None], left, 0)
-        sub["right"] = np.where(ok[:, None], cum[rows, f_loc, -1] - left, 0)
+        sub["right"] = np.where(ok[:, None], cum[rows, 0, -1] - left, 0)
         out[sl] = sub
     return out
 

@@ -50,23 +50,27 @@ def _search(
     A gain is scaled by ``2**gain_exp`` as one multiplication when that power of two is a
     float (|exponent| within float64's range): an exact power of two makes the product
     the correctly rounded ``ldexp`` bit for bit, without a libm call per cell (a layer of
-    32 nodes x 80 features x 32 bins: 1.8 -> 0.8 ms, measured)."""
+    32 nodes x 80 features x 32 bins: 1.8 -> 0.8 ms, measured). A node's totals are read
+    once, from its first feature, as the numpy search does (32 x 80 x 32: 1.08 -> 0.71-0.85
+    ms, measured)."""
     n_nodes, n_feat, n_bins, _ = hist.shape
     noise_ulps = 4 * 2.220446049250313e-16  # gbt._NOISE_ULPS
     power = math.ldexp(1.0, gain_exp) if -1074 <= gain_exp <= 1023 else 0.0
     for i in range(n_nodes):
         best, bf, bb = -np.inf, -1, -1
         l0 = l1 = l2 = l3 = r0 = r1 = r2 = r3 = 0
+        # the node's totals, from feature 0: every row is in one bin of each feature, so
+        # every feature's bins sum to the same totals (best_splits' ``total`` reads them so)
+        t0 = t1 = t2 = t3 = 0
+        for b in range(n_bins):
+            t0 += hist[i, 0, b, 0]
+            t1 += hist[i, 0, b, 1]
+            t2 += hist[i, 0, b, 2]
+            t3 += hist[i, 0, b, 3]
+        w = float(t1)
         for f in range(n_feat):
             if not mask[i, f]:
                 continue
-            t0 = t1 = t2 = t3 = 0
-            for b in range(n_bins):
-                t0 += hist[i, f, b, 0]
-                t1 += hist[i, f, b, 1]
-                t2 += hist[i, f, b, 2]
-                t3 += hist[i, f, b, 3]
-            w = float(t1)
             c0 = c1 = c2 = c3 = 0
             for b in range(n_bins):
                 c0 += hist[i, f, b, 0]

@@ -242,7 +242,15 @@ def run_worker_loop(
         ctx = WorkerContext(
             address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca, tc.cpus()
         )
-        threads.set_threads(ctx.cpus)  # spark.task.cpus > 1: the worker's passes use them
+        # spark.task.cpus > 1: the worker's passes use them (this task's only: a reused
+        # Python worker may run a task of another resource profile next)
+        previous = threads.set_threads(ctx.cpus)
+        try:
+            yield from _serve_commands(batches, ctx)
+        finally:
+            threads.set_threads(previous)
+
+    def _serve_commands(batches, ctx: WorkerContext) -> Iterator[pa.RecordBatch]:
         setup(batches, ctx)
         if recover is not None:  # a retried task: rebuild what earlier rounds left in memory
             state = _latest(ctx.client, f"{topic}/state")
@@ -667,10 +675,25 @@ class PSJob:
 
 
 def task_slots(sc) -> int:
-    """Tasks the application runs at once: its cores (``defaultParallelism``) over the CPUs
-    each task takes (``spark.task.cpus``). A barrier job of more tasks never starts."""
-    cpus = int(sc.getConf().get("spark.task.cpus", "1") or 1)
-    return max(1, sc.defaultParallelism // max(cpus, 1))
+    """Tasks the application runs at once (a barrier job of more tasks never starts):
+    Spark's own count of the executors' slots under the default resource profile (each
+    executor's cores over ``spark.task.cpus``), or, before any executor has registered,
+    the default parallelism over ``spark.task.cpus``."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        slots = int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - another Spark's internals: count them ourselves
+        log.debug("spark-ps: Spark did not count its task slots", exc_info=True)
+        slots = 0
+    if slots > 0:
+        return slots
+    return slots_by_division(sc.defaultParallelism, sc.getConf().get("spark.task.cpus", "1"))
+
+
+def slots_by_division(cores: int, task_cpus) -> int:
+    """`cores` over the CPUs a task takes, at least 1."""
+    return max(1, int(cores) // max(int(task_cpus or 1), 1))
 
 
 def partitions_for(df, num_workers: int):

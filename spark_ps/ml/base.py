@@ -279,7 +279,7 @@ def prepare_fit_data(
     """Validate column types, keep only the needed columns and repartition to the workers.
 
     ``num_workers=0`` means one per task slot (:func:`~spark_ps.ml._job.task_slots`: the
-    default parallelism over ``spark.task.cpus``). A RuntimeWarning is
+    executors' cores over ``spark.task.cpus``). A RuntimeWarning is
     issued when there are fewer task slots than workers (barrier/SSP training needs every
     worker running at once). With ``densify_max``, a vector column whose first row is a
     dense vector of at most that size travels densified (kind ``"dense"``; read it with

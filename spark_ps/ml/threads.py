@@ -46,13 +46,16 @@ def run(fn: Callable, calls: list[tuple]) -> list:
     if len(calls) == 1:
         return [fn(*calls[0])]
     global _pool, _pool_size
-    with _pool_lock:
+    with _pool_lock:  # a pool too small is replaced, never shut down: a caller may hold it
         if _pool is None or _pool_size < len(calls) - 1:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
             _pool_size = len(calls) - 1
             _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="spark-ps-pass")
-        pool = _pool
-    rest = [pool.submit(fn, *args) for args in calls[1:]]
-    first = fn(*calls[0])
-    return [first, *(job.result() for job in rest)]
+        rest = [_pool.submit(fn, *args) for args in calls[1:]]
+    try:
+        first = fn(*calls[0])
+    finally:  # the other parts write to the caller's arrays too: never leave them running
+        done = [job.result() if not job.exception() else None for job in rest]
+    errors = [job.exception() for job in rest if job.exception() is not None]
+    if errors:
+        raise errors[0]
+    return [first, *done]

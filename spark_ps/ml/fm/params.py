@@ -26,7 +26,7 @@ class _FactorizationMachinesParams(_MLlibFactorizationMachinesParams):
         Params._dummy(),
         "numWorkers",
         "Number of Spark tasks that stream the training data to the parameter server (>= 0); "
-        "0 = the default parallelism of the SparkContext.",
+        "0 = one per task slot (the executors' cores over spark.task.cpus).",
         typeConverter=TypeConverters.toInt,
     )
 

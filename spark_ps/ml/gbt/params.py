@@ -41,8 +41,8 @@ class HasNumWorkers(Params):
         Params._dummy(),
         "numWorkers",
         "Number of PS workers (Spark tasks) that stream the training data; 0 means one per "
-        "task slot of the cluster (sparkContext.defaultParallelism over spark.task.cpus; "
-        "each worker's kernels use its spark.task.cpus threads). (>= 0)",
+        "task slot of the cluster (the executors' cores over spark.task.cpus; each worker's "
+        "kernels use its spark.task.cpus threads). (>= 0)",
         typeConverter=TypeConverters.toInt,
     )
 

@@ -44,6 +44,7 @@ import numpy as np
 
 from spark_ps.data import DENSE_MAX_FEATURES, CSRBatch, DenseBatch
 from spark_ps.ml import threads
+from spark_ps.ml.lr import row_blocks
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.vecspace import NumpyVecSpace, VecSpace
 
@@ -512,7 +513,7 @@ def loss_and_grad(
     weighted = csr.weights is not None
 
     def block(a: int, b: int, X) -> tuple[float, np.ndarray, float]:
-        margin = X @ coef_std
+        margin = X.matvec(coef_std) if isinstance(X, _RowRange) else X @ coef_std
         if fit_intercept:
             margin += intercept
         yb, wb = y[a:b], w[a:b]
@@ -523,7 +524,8 @@ def loss_and_grad(
         loss = float((wb * losses if weighted else losses).sum())
         with np.errstate(over="ignore"):
             r = wb * (1.0 / (1.0 + np.exp(-margin)) - yb)
-        return loss, X.T @ r, float(r.sum())
+        grad = X.rmatvec(r) if isinstance(X, _RowRange) else X.T @ r
+        return loss, grad, float(r.sum())
 
     (loss_sum, grad, r_sum), *rest = threads.run(block, _row_blocks(csr, k, parts))
     for loss, g, rs in rest:  # in row order: the same sums for the same thread count
@@ -539,28 +541,37 @@ THREAD_MIN_ROWS = 32768
 
 def _row_blocks(csr: CSRBatch | DenseBatch, k: int, parts: int) -> list[tuple]:
     """``(first row, end row, matrix)`` of `parts` contiguous row blocks of the batch's
-    product matrix (:func:`_scipy_csr`), views of its arrays, cached on the batch. Each
-    thread of a task with several CPUs takes one: scipy's sparse products and numpy's
-    release the GIL."""
+    product matrix (:func:`_scipy_csr`), for one thread each: row ranges of a dense matrix
+    (numpy's products release the GIL) or of the CSR arrays (:mod:`row_blocks`' compiled
+    products, which do too). No copies; one block, the whole matrix, without numba."""
     X = _scipy_csr(csr, k)
-    if parts <= 1:
+    compiled = None if isinstance(X, np.ndarray) else row_blocks.kernels()
+    if parts <= 1 or (compiled is None and not isinstance(X, np.ndarray)):
         return [(0, csr.n_rows, X)]
-    cached = getattr(csr, "_blocks", None)
-    if cached is not None and cached[0] == (k, parts):
-        return cached[1]
-    import scipy.sparse as sp
-
     blocks = []
     for a, b in threads.ranges(csr.n_rows, parts):
-        if isinstance(X, np.ndarray):
-            blocks.append((a, b, X[a:b]))
-            continue
-        lo, hi = int(X.indptr[a]), int(X.indptr[b])
-        indptr = X.indptr[a : b + 1] - lo
-        part = sp.csr_matrix((X.data[lo:hi], X.indices[lo:hi], indptr), shape=(b - a, k))
-        blocks.append((a, b, part))
-    csr._blocks = ((k, parts), blocks)
+        blocks.append((a, b, X[a:b] if compiled is None else _RowRange(X, k, a, b, compiled)))
     return blocks
+
+
+class _RowRange:
+    """Rows ``a <= r < b`` of a scipy CSR matrix, for :mod:`row_blocks`' products."""
+
+    def __init__(self, X, k: int, a: int, b: int, compiled) -> None:
+        self.X, self.k, self.a, self.b = X, k, a, b
+        self._matvec, self._rmatvec = compiled
+
+    def matvec(self, v: np.ndarray) -> np.ndarray:
+        out = np.empty(self.b - self.a)
+        X = self.X
+        self._matvec(X.indptr, X.indices, X.data, v, self.a, self.b, out)
+        return out
+
+    def rmatvec(self, x: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.k)
+        X = self.X
+        self._rmatvec(X.indptr, X.indices, X.data, np.ascontiguousarray(x), self.a, self.b, out)
+        return out
 
 
 # --------------------------------------------------------------------------- vectors

@@ -77,7 +77,7 @@ class _LogisticRegressionParams(_MLlibLogisticRegressionParams, HasStepSize, Has
         Params._dummy(),
         "numWorkers",
         "Number of Spark tasks that stream the training data to the parameter server (>= 0); "
-        "0 = the default parallelism of the SparkContext.",
+        "0 = one per task slot (the executors' cores over spark.task.cpus).",
         typeConverter=TypeConverters.toInt,
     )
     featureValuesCol: Param[str] = Param(

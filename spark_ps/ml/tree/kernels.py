@@ -215,10 +215,13 @@ def _run(kernel: Callable, calls: list[tuple]) -> list:
     return threads.run(kernel, calls)
 
 
-def _by_rows(kernel: Callable, n: int, args_of: Callable[[int, int], tuple]) -> list:
+def _by_rows(
+    kernel: Callable, n: int, args_of: Callable[[int, int], tuple], split: bool = True
+) -> list:
     """`kernel` over rows ``[a, b)`` of `n` (``args_of(a, b)`` its arguments), split over
-    the threads when each gets at least :data:`_MIN_ROWS` rows; the parts' results in order."""
-    parts = threads.ranges(n, min(threads.count(), max(1, n // _MIN_ROWS)))
+    the threads when each gets at least :data:`_MIN_ROWS` rows (and `split`: row slices of
+    an F-ordered matrix would compile another signature); the parts' results in order."""
+    parts = threads.ranges(n, min(threads.count(), max(1, n // _MIN_ROWS)) if split else 1)
     return _run(kernel, [args_of(a, b) for a, b in parts])
 
 
@@ -279,7 +282,8 @@ def route_pass(
     """``node_of_row`` with the rows of nodes split this layer moved to their child (a copy)."""
     splits = (feature, split_bin, left, right, split_now)
     out = np.array(node_of_row, dtype=np.int32, copy=True)
-    _by_rows(_route_rows, out.shape[0], lambda a, b: (bins[a:b], out[a:b], *splits))
+    c_order = bins.flags.c_contiguous
+    _by_rows(_route_rows, out.shape[0], lambda a, b: (bins[a:b], out[a:b], *splits), c_order)
     return out
 
 
@@ -429,7 +433,7 @@ def bin_pass(X: np.ndarray, thresholds: list[np.ndarray], dtype) -> np.ndarray:
         thr[j, : t.size] = t
     out = np.empty(X.shape, dtype=dtype)
     kernel = _bin_rows_count if count else _bin_rows
-    _by_rows(kernel, X.shape[0], lambda a, b: (X[a:b], thr, n_thr, out[a:b]))
+    _by_rows(kernel, X.shape[0], lambda a, b: (X[a:b], thr, n_thr, out[a:b]), X.flags.c_contiguous)
     return out
 
 
