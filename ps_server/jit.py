@@ -1,8 +1,9 @@
 """One switch for every numba-compiled pass: ``SPARK_PS_NO_JIT``.
 
 Set to anything but ``""`` or ``"0"``, the key passes (:mod:`ps_server.keys_jit`), the
-shards' GBT split search (:mod:`ps_server.functions.gbt_jit`) and the workers' tree kernels
-(``spark_ps.ml.tree.kernels``) take their numpy paths instead. Each reads it once, when it
+shards' GBT split search (:mod:`ps_server.functions.gbt_jit`), the workers' tree kernels
+(``spark_ps.ml.tree.kernels``) and LR's threaded row blocks (``spark_ps.ml.lr.row_blocks``)
+take their numpy (or one-thread scipy) paths instead. Each reads it once, when it
 would first compile.
 """
 

@@ -2,8 +2,8 @@
 
 A Python worker process runs one Spark task at a time, so the count is per process; the
 task sets it (:func:`set_threads`) before it reads its rows. Passes split their rows (or
-features) into one contiguous part per thread and run the parts at once: numba kernels,
-scipy's sparse products and numpy's large operations release the GIL.
+features) into one contiguous part per thread and run the parts at once: numba kernels
+and numpy's large operations release the GIL.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(fn: Callable, calls: list[tuple]) -> list:
     try:
         first = fn(*calls[0])
     finally:  # the other parts write to the caller's arrays too: never leave them running
-        done = [job.result() if not job.exception() else None for job in rest]
+        done = [job.result() if job.exception() is None else None for job in rest]
     errors = [job.exception() for job in rest if job.exception() is not None]
     if errors:
         raise errors[0]

@@ -545,8 +545,10 @@ def _row_blocks(csr: CSRBatch | DenseBatch, k: int, parts: int) -> list[tuple]:
     (numpy's products release the GIL) or of the CSR arrays (:mod:`row_blocks`' compiled
     products, which do too). No copies; one block, the whole matrix, without numba."""
     X = _scipy_csr(csr, k)
+    if parts <= 1:
+        return [(0, csr.n_rows, X)]
     compiled = None if isinstance(X, np.ndarray) else row_blocks.kernels()
-    if parts <= 1 or (compiled is None and not isinstance(X, np.ndarray)):
+    if compiled is None and not isinstance(X, np.ndarray):
         return [(0, csr.n_rows, X)]
     blocks = []
     for a, b in threads.ranges(csr.n_rows, parts):
