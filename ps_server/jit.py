@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["NO_JIT_ENV", "jit_wanted"]
+__all__ = ["NO_JIT_ENV", "compiled", "jit_wanted"]
 
 NO_JIT_ENV = "SPARK_PS_NO_JIT"
 
@@ -20,3 +20,16 @@ def jit_wanted() -> bool:
     """Whether to compile with numba: False when ``SPARK_PS_NO_JIT`` is set to anything
     but ``""`` or ``"0"`` (numba itself may still be missing: callers fall back then too)."""
     return os.environ.get(NO_JIT_ENV, "") in ("", "0")
+
+
+def compiled(*functions):
+    """`functions` compiled with numba (``cache=True, nogil=True``), as a tuple, or None
+    when the switch is set or numba is missing (callers take their uncompiled path)."""
+    if not jit_wanted():
+        return None
+    try:
+        from numba import njit
+    except ImportError:
+        return None
+    jit = njit(cache=True, nogil=True)
+    return tuple(jit(f) for f in functions)

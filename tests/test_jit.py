@@ -31,6 +31,10 @@ def test_the_switch_turns_off_the_key_passes_and_the_split_search(monkeypatch):
     monkeypatch.setenv("SPARK_PS_NO_JIT", "1")
     assert keys_jit._compile() is None
     assert gbt_jit._compile() is None
+    from ps_server.jit import compiled
+    from spark_ps.ml.lr import row_blocks
+
+    assert compiled(row_blocks._matvec, row_blocks._rmatvec) is None  # LR's row blocks
 
 
 def test_the_switch_turns_off_the_tree_kernels_in_a_fresh_worker():

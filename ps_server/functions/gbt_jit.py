@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ps_server.jit import jit_wanted
+from ps_server.jit import compiled
 
 __all__ = ["kernel"]
 
@@ -32,13 +32,8 @@ def kernel():
 
 
 def _compile():
-    if not jit_wanted():
-        return None
-    try:
-        from numba import njit
-    except ImportError:
-        return None
-    return njit(cache=True, nogil=True)(_search)
+    search = compiled(_search)
+    return None if search is None else search[0]
 
 
 def _search(

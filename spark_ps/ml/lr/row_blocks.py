@@ -13,7 +13,7 @@ products run on one thread.
 
 from __future__ import annotations
 
-from ps_server.jit import jit_wanted
+from ps_server.jit import compiled
 
 __all__ = ["kernels"]
 
@@ -23,19 +23,8 @@ _KERNELS: list = []
 def kernels():
     """``(matvec, rmatvec)`` compiled, or None without numba."""
     if not _KERNELS:
-        _KERNELS.append(_compile())
+        _KERNELS.append(compiled(_matvec, _rmatvec))
     return _KERNELS[0]
-
-
-def _compile():
-    if not jit_wanted():
-        return None
-    try:
-        from numba import njit
-    except ImportError:
-        return None
-    jit = njit(cache=True, nogil=True)
-    return jit(_matvec), jit(_rmatvec)
 
 
 def _matvec(indptr, indices, data, v, a, b, out):
