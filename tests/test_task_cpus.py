@@ -12,8 +12,7 @@ from spark_ps.ml._job import slots_by_division, task_slots
 
 
 def test_task_slots_are_the_cores_over_the_cpus_of_a_task(spark):
-    assert task_slots(spark.sparkContext) == 2  # local[2], one CPU a task: Spark's count
-    # before executors register, the default parallelism over spark.task.cpus
+    assert task_slots(spark.sparkContext) == 2  # local[2], one CPU a task
     assert [slots_by_division(5, c) for c in ("1", "2", 3, "", None, "8")] == [5, 2, 1, 5, 5, 1]
 
 

@@ -675,19 +675,13 @@ class PSJob:
 
 
 def task_slots(sc) -> int:
-    """Tasks the application runs at once (a barrier job of more tasks never starts):
-    Spark's own count of the executors' slots under the default resource profile (each
-    executor's cores over ``spark.task.cpus``), or, before any executor has registered,
-    the default parallelism over ``spark.task.cpus``."""
-    try:
-        jsc = sc._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        slots = int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:  # noqa: BLE001 - another Spark's internals: count them ourselves
-        log.debug("spark-ps: Spark did not count its task slots", exc_info=True)
-        slots = 0
-    if slots > 0:
-        return slots
+    """Tasks the application runs at once (a barrier job of more tasks never starts): the
+    default parallelism (the executors' cores) over ``spark.task.cpus``.
+
+    Not Spark's live count of free slots (``maxNumConcurrentTasks``): while a lost
+    executor is replaced that count drops, and a fit started then would be refused
+    (measured: the chaos soak's FTRL fits after executor kills). Executors whose cores do
+    not divide by ``spark.task.cpus`` hold fewer slots than this; set ``numWorkers`` there."""
     return slots_by_division(sc.defaultParallelism, sc.getConf().get("spark.task.cpus", "1"))
 
 
