@@ -42,6 +42,7 @@ __all__ = [
     "features_kind",
     "VALIDATION_FLAG",
     "read_flags",
+    "id_dtype",
 ]
 
 _VECTOR_FIELDS = ("type", "size", "indices", "values")
@@ -59,6 +60,11 @@ _SUPPORTED = (
 # --------------------------------------------------------------------------- CSRBatch
 
 
+def id_dtype(n: int) -> type:
+    """The dtype of `n` compact ids: int32 while they fit (every real partition)."""
+    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+
+
 @dataclass
 class CSRBatch:
     """Rows of a partition in CSR form; the one data contract of spark-ps.
@@ -67,8 +73,10 @@ class CSRBatch:
     ----------
     indptr : int64 [n_rows + 1]
         Row ``i`` holds ``indices[indptr[i]:indptr[i+1]]``; ``indptr[0] == 0``.
-    indices : int64 [nnz]
-        Global feature ids or keys (may exceed 2**31; duplicates within a row add up).
+    indices : int64 [nnz], or int32
+        Global feature ids or keys (may exceed 2**31; duplicates within a row add up). A
+        :meth:`localize` gives int32 ids (fewer than 2**31 keys): half the bytes,
+        and scipy's CSR matrix takes them without a copy. Other input becomes int64.
     values : float64 [nnz]
         May be a read-only view of an Arrow buffer: copy before writing in place.
     num_features : int
@@ -86,7 +94,10 @@ class CSRBatch:
     def __post_init__(self) -> None:
         # O(1) shape checks only: a batch is built once and read many times.
         self.indptr = np.asarray(self.indptr, dtype=np.int64)
-        self.indices = np.asarray(self.indices, dtype=np.int64)
+        indices = np.asarray(self.indices)
+        if indices.dtype != np.int32:  # int32: a localized batch's ids
+            indices = indices.astype(np.int64, copy=False)
+        self.indices = indices
         self.values = np.asarray(self.values, dtype=np.float64)
         self.num_features = int(self.num_features)
         if self.indptr.ndim != 1 or self.indptr.shape[0] < 1 or self.indptr[0] != 0:
@@ -210,7 +221,7 @@ class CSRBatch:
         return out.astype(np.float64, copy=False)
 
     def localize(self) -> tuple[np.ndarray, CSRBatch]:
-        """(sorted unique keys, batch whose indices point into them).
+        """(sorted unique keys, batch whose indices point into them, as int32 ids).
 
         Pull ``keys`` from the PS, compute on the small local dimension, push back.
         """
@@ -220,14 +231,15 @@ class CSRBatch:
             seen = np.zeros(self.num_features, dtype=bool)
             seen[self.indices] = True
             keys = np.flatnonzero(seen)
-            ids = np.empty(self.num_features, dtype=np.int64)
-            ids[keys] = np.arange(keys.size)
+            ids = np.empty(self.num_features, dtype=id_dtype(keys.size))
+            ids[keys] = np.arange(keys.size, dtype=ids.dtype)
             inverse = ids[self.indices]
         else:
             keys, inverse = np.unique(self.indices, return_inverse=True)
+            inverse = inverse.astype(id_dtype(keys.size))
         local = CSRBatch(
             self.indptr,
-            inverse.astype(np.int64, copy=False).reshape(-1),
+            inverse.reshape(-1),
             self.values,
             keys.shape[0],
             self.labels,

@@ -21,6 +21,7 @@ from spark_ps.data import (
     arrow_to_csr,
     check_binary_labels,
     features_kind,
+    id_dtype,
     iter_minibatches,
     read_partition,
 )
@@ -540,7 +541,25 @@ def test_localize_matches_np_unique(dim):
     np.testing.assert_array_equal(keys, ref_keys)
     np.testing.assert_array_equal(local.indices, ref_inv)
     assert local.num_features == keys.shape[0] and keys.dtype == np.int64
+    assert local.indices.dtype == np.int32  # compact ids: half the bytes, no scipy copy
     np.testing.assert_array_equal(keys[local.indices], csr.indices)
+    if dim == 50:  # the same products as on the global keys, bit for bit
+        w = rng.normal(size=keys.size)
+        w_global = np.zeros(dim)
+        w_global[keys] = w
+        np.testing.assert_array_equal(local.matvec(w), csr.matvec(w_global))
+
+
+def test_csr_indices_are_int64_unless_given_as_int32_ids():
+    """int32 stays int32 (a localized batch); anything else becomes int64, as before."""
+    for other in ([0, 2, 1], np.array([0, 2, 1], np.int16), np.array([0.0, 2.0, 1.0])):
+        assert CSRBatch([0, 2, 3], other, np.ones(3), 3).indices.dtype == np.int64
+    ids = np.array([0, 2, 1], np.int32)
+    batch = CSRBatch([0, 2, 3], ids, np.ones(3), 3)
+    assert batch.indices.dtype == np.int32 and np.shares_memory(batch.indices, ids)
+    both = CSRBatch.concat([batch, CSRBatch([0, 1], [2**40], [1.0], 2**41)])
+    assert both.indices.dtype == np.int64 and both.indices.tolist() == [0, 2, 1, 2**40]
+    assert id_dtype(2**31 - 1) is np.int32 and id_dtype(2**31) is np.int64
 
 
 def test_slice_take_concat_row_ids():

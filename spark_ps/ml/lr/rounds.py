@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from spark_ps.data import CSRBatch, iter_minibatches, read_flags, read_partition
+from spark_ps.data import CSRBatch, id_dtype, iter_minibatches, read_flags, read_partition
 from spark_ps.ml import parse_cache
 from spark_ps.ml._job import PSJob, WorkerContext, best_effort
 from spark_ps.ml.binned_metrics import score_histograms
@@ -291,7 +291,7 @@ def compact(ctx: WorkerContext, keyset: str | None) -> tuple[np.ndarray, object]
             s["cids"], s["clocal"], s["cvlocal"] = ids, s["local"], s.get("vlocal")
             return ids, s["local"]
         order = np.argsort(ids, kind="stable")
-        rank = np.empty_like(order)
+        rank = np.empty(order.size, dtype=id_dtype(order.size))  # as `localize` numbers them
         rank[order] = np.arange(order.size)
         s["cids"] = ids[order]
         s["clocal"] = _reindexed(s["local"], rank)
