@@ -236,6 +236,7 @@ class CSRBatch:
             inverse = ids[self.indices]
         else:
             keys, inverse = np.unique(self.indices, return_inverse=True)
+            keys = keys.astype(np.int64, copy=False)  # int32 when re-localizing local ids
             inverse = inverse.astype(id_dtype(keys.size))
         local = CSRBatch(
             self.indptr,

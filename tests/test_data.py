@@ -560,6 +560,11 @@ def test_csr_indices_are_int64_unless_given_as_int32_ids():
     both = CSRBatch.concat([batch, CSRBatch([0, 1], [2**40], [1.0], 2**41)])
     assert both.indices.dtype == np.int64 and both.indices.tolist() == [0, 2, 1, 2**40]
     assert id_dtype(2**31 - 1) is np.int32 and id_dtype(2**31) is np.int64
+    # a localized batch localized again (a mini-batch, a sample): int64 keys, int32 ids
+    sub = CSRBatch([0, 1], np.array([2], np.int32), [1.0], 10**9)  # the sort path
+    keys, again = sub.localize()
+    assert keys.dtype == np.int64 and keys.tolist() == [2]
+    assert again.indices.dtype == np.int32 and again.indices.tolist() == [0]
 
 
 def test_slice_take_concat_row_ids():
