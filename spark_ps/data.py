@@ -221,7 +221,7 @@ class CSRBatch:
         return out.astype(np.float64, copy=False)
 
     def localize(self) -> tuple[np.ndarray, CSRBatch]:
-        """(sorted unique keys, batch whose indices point into them, as int32 ids).
+        """(sorted unique int64 keys, batch whose indices point into them: ids of `id_dtype`).
 
         Pull ``keys`` from the PS, compute on the small local dimension, push back.
         """
