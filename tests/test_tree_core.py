@@ -162,6 +162,28 @@ def test_split_thresholds_follow_mllib_choice(max_bins):
         binning.split_thresholds(binning.summarize(X, None, weight_exp=40), 0)
 
 
+@pytest.mark.parametrize("max_bins", [3, 32, 200])
+def test_split_walk_on_skewed_weights_follows_mllib(max_bins):
+    """Heavy values at the bottom, middle and top of a feature: MLlib's greedy walk skips
+    targets, takes consecutive candidates, and runs out of candidates before its targets."""
+    rng = np.random.default_rng(max_bins)
+    n = 3000
+    X = np.column_stack(
+        [
+            np.where(rng.random(n) < 0.6, -3.0, rng.normal(size=n)),  # heavy bottom
+            np.where(rng.random(n) < 0.6, 9.0, rng.normal(size=n)),  # heavy top
+            np.where(rng.random(n) < 0.4, 0.5, np.round(rng.normal(size=n), 1)),  # middle
+            rng.integers(0, max_bins + 3, n).astype(float),  # just more values than bins
+        ]
+    )
+    for weights in (np.ones(n), rng.integers(1, 9, n) * 0.25):
+        wexp = histogram.weight_exponent(float(weights.max()), n)
+        thr = binning.split_thresholds(binning.summarize(X, weights, weight_exp=wexp), max_bins)
+        for j in range(X.shape[1]):
+            expected = _mllib_find_splits(X[:, j], weights, max_bins - 1)
+            assert np.array_equal(thr[j], expected), (j, thr[j], expected)
+
+
 def test_bin_matrix_semantics_and_dtype():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(300, 3))
@@ -697,16 +719,19 @@ def test_matches_mllib_gbt_regressor_with_validation(parity_data):
     _assert_same_trees(reg, trees, tw)
 
 
+@pytest.mark.parametrize("equal", [False, True])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
 @pytest.mark.parametrize("rows", [0, 1, 500])
-def test_dense_summary_equals_the_pairwise_reduce(rows):
-    """The dense summary sorts each column on its own; it must hold exactly what one sort
-    of every (feature, value) pair gives: -0.0 folded into 0.0, ties summed, weights exact."""
+def test_dense_summary_equals_the_pairwise_reduce(rows, n_threads, equal):
+    """The dense summary sorts each column on its own (on `n_threads`, without the order
+    when the weights are equal); it must hold exactly what one sort of every (feature,
+    value) pair gives: -0.0 folded into 0.0, ties summed, weights exact."""
     rng = np.random.default_rng(rows)
     X = np.round(rng.normal(size=(rows, 5)), 1)
     X[: rows // 3, 2] = -0.0
     X[rows // 3 :, 4] = 0.0
-    w = rng.random(rows) + 0.25
-    got = binning.summarize(X, w, weight_exp=40)
+    w = np.full(rows, 0.75) if equal else rng.random(rows) + 0.25
+    got = binning.summarize(X, w, weight_exp=40, n_threads=n_threads)
     qw = np.rint(np.ldexp(w, 40)).astype(np.int64)
     feat = np.repeat(np.arange(5, dtype=np.int64), rows)
     want = binning._reduce(

@@ -22,6 +22,7 @@ task was retried.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -128,7 +129,9 @@ def _pooled_thresholds(
         _, sampled = rows.pull()
     finally:
         best_effort(f"dropping {rows.name}", rows.drop)
-    sketch = summarize(sampled[:, 1:], sampled[:, 0], weight_exp=wexp)
+    # the workers wait for the thresholds: the driver sorts on every core it has
+    cores = os.cpu_count() or 1
+    sketch = summarize(sampled[:, 1:], sampled[:, 0], weight_exp=wexp, n_threads=cores)
     return split_thresholds(sketch, max_bins)
 
 
