@@ -21,6 +21,7 @@ __all__ = [
     "StopSignals",
     "die_with_parent",
     "keep_freed_memory",
+    "huge_page_advice",
     "register_with_coordinator",
     "shard_env",
     "stop_processes",
@@ -92,6 +93,33 @@ def keep_freed_memory(mmap_mb: int = 32, trim_mb: int = 256) -> bool:
         return bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, int(trim_mb) << 20))
     except (OSError, AttributeError):
         return False
+
+
+HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"  # numpy's own switch: when set, numpy's choice stands
+
+
+def huge_page_advice(enabled: bool) -> bool | None:
+    """Whether numpy asks the kernel for transparent huge pages on its large arrays; returns
+    the setting before, or None when left alone (an operator who set
+    ``NUMPY_MADVISE_HUGEPAGE`` keeps numpy's choice; a numpy without the switch).
+
+    Why off in workers and shards: numpy advises huge pages (``MADV_HUGEPAGE``) on every
+    array of 4 MB or more, and under the kernel's default ``defrag=madvise`` the first
+    touch of such memory compacts memory on the spot when no huge page is free. A fit's big
+    arrays are fresh ``mmap``s (a partition's rows and key ids, a shard's dense key set),
+    so once the machine's memory is fragmented each read stalls: a 64 MB fill took 0.15 s
+    against 0.025 s with 4 KB pages, and a 2^24-feature LR fit on 1M rows read its rows in
+    1.61 s against 1.91 s (medians of five alternating fits; one with the advice spent
+    2.2 s instead of 0.2 s numbering a partition's keys). GBT fits took the same time.
+    """
+    if os.environ.get(HUGEPAGE_ENV) is not None:
+        return None
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray
+    setter = getattr(multiarray, "_set_madvise_hugepage", None)
+    return None if setter is None else bool(setter(bool(enabled)))
 
 
 def register_with_coordinator(

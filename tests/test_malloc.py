@@ -60,3 +60,49 @@ def test_the_policy_can_be_left_to_glibc():
     opted_out = _faults("keep", **{lifecycle.MALLOC_ENV: "default"})
     assert opted_out["set"] is False
     assert opted_out["faults"] > 5_000
+
+
+_ADVICE_CHILD = """
+import json, sys
+import numpy as np
+from ps_server.lifecycle import huge_page_advice
+before = huge_page_advice(sys.argv[1] == "on")
+a = np.ones(8_000_000)  # 64 MB: numpy advises huge pages on arrays of 4 MB or more
+addr, flags = a.ctypes.data + 8192, None  # numpy advises from the next whole page on
+with open("/proc/self/smaps") as f:
+    lines = f.read().splitlines()
+inside = False
+for line in lines:
+    head = line.split()[0]
+    if "-" in head and ":" not in head:
+        lo, hi = (int(x, 16) for x in head.split("-"))
+        inside = lo <= addr < hi
+    elif inside and line.startswith("VmFlags:"):
+        flags = line.split()[1:]
+print(json.dumps({"before": before, "advised": "hg" in flags, "after": huge_page_advice(True)}))
+"""
+
+
+def _advice(mode: str, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k != lifecycle.HUGEPAGE_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", _ADVICE_CHILD, mode],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps")
+def test_workers_and_shards_ask_for_no_huge_pages_and_the_setting_is_restored():
+    """The kernel sees the advice (``hg`` in the mapping's flags) only when it is on; the
+    call returns the setting before it, so a task puts back what it found."""
+    on, off = _advice("on"), _advice("off")
+    assert on == {"before": True, "advised": True, "after": True}
+    assert off == {"before": True, "advised": False, "after": False}
+    # an operator's NUMPY_MADVISE_HUGEPAGE stands, whatever the call asks
+    kept = _advice("off", **{lifecycle.HUGEPAGE_ENV: "1"})
+    assert kept == {"before": None, "advised": True, "after": None}

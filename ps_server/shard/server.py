@@ -531,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     lifecycle.die_with_parent()
     lifecycle.keep_freed_memory()
+    lifecycle.huge_page_advice(False)  # a dense key set's first touch must not compact memory
     token = os.environ.get("SPARK_PS_TOKEN", "")
     server, port, servicer = serve_shard(
         args.index,

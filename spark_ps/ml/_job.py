@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ps_server.lifecycle import keep_freed_memory
+from ps_server.lifecycle import huge_page_advice, keep_freed_memory
 from ps_server.timeouts import MAX_WAIT_SECONDS
 from spark_ps.client import PSUnreachable, get_client
 from spark_ps.client.reach import reaches, unreachable_in
@@ -243,12 +243,16 @@ def run_worker_loop(
             address, token, topic, tc.partitionId(), tc.attemptNumber(), tls_ca, tc.cpus()
         )
         # spark.task.cpus > 1: the worker's passes use them (this task's only: a reused
-        # Python worker may run a task of another resource profile next)
+        # Python worker may run a task of another resource profile next); the same for
+        # numpy's huge-page advice, off while the rows are read (see huge_page_advice)
         previous = threads.set_threads(ctx.cpus)
+        advice = huge_page_advice(False)
         try:
             yield from _serve_commands(batches, ctx)
         finally:
             threads.set_threads(previous)
+            if advice is not None:
+                huge_page_advice(advice)
 
     def _serve_commands(batches, ctx: WorkerContext) -> Iterator[pa.RecordBatch]:
         setup(batches, ctx)
