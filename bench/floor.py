@@ -85,6 +85,14 @@ _COSTS = (
 )  # fmt: skip
 
 
+#: The fit's consecutive phases (``model._fit_phases``): together they span the fit's job.
+_MARKS = (
+    "job start + read", "key numbering", "statistics", "solver vectors", "first objective",
+    "iterations", "coefficients",
+)  # fmt: skip
+_EVAL_PARTS = ("eval offset", "eval round", "eval reduce", "eval finish")
+
+
 def floor_row(fit_s: float, phases: dict, floor: dict) -> dict:
     """The floor of one fit and the fit's distance from it, with its listed costs."""
     evaluations = int(phases.get("evaluations", 0))
@@ -100,6 +108,15 @@ def floor_row(fit_s: float, phases: dict, floor: dict) -> dict:
             - float(phases.get("worker push+contribute", 0.0)),
             3,
         )
+    if all(k in phases for k in ("first objective", "iterations", *_EVAL_PARTS)):
+        # the solver's own work between evaluations: its vector algebra on the shards
+        # (the L-BFGS history's dots and combinations), vectors made and dropped
+        solving = float(phases["first objective"]) + float(phases["iterations"])
+        costs["solver algebra"] = round(solving - sum(float(phases[k]) for k in _EVAL_PARTS), 3)
+    if "iterations" in phases:  # (a fit without a phase, e.g. key numbering, skips it)
+        # the estimator's work around its job: checks, the job's stop, the model object
+        spanned = sum(float(phases[k]) for k in _MARKS if k in phases)
+        costs["outside the phases"] = round(fit_s - spanned, 3)
     return {
         "evaluations": evaluations,
         "arrow pass s": floor["arrow pass s"],

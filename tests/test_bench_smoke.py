@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import lr as bench_lr
+from bench.floor import floor_row
 
 
 @pytest.mark.slow
@@ -24,9 +25,29 @@ def test_lr_bench_prints_the_fit_against_its_compute_floor(spark, capsys):
         ours["fit s"] / ours["floor s"]
     )
     assert "x the floor; costs (s):" in out and "worker pull" in out
+    assert "solver algebra" in out and "outside the phases" in out
     assert "| fit/floor |" in out
     # the refit reads the first fit's saved parses and reaches the same loss
     assert ours["refit/floor"] == pytest.approx(ours["refit s"] / ours["floor s"])
     assert "refit" in out and "the floor (final loss" in out
     mllib = next(r for r in rows if r["impl"] == "mllib")
     assert mllib["status"] == "ok" and mllib.get("floor s") is None
+
+
+def test_the_floor_row_lists_the_solver_and_what_lies_outside_the_phases():
+    """Every second of a fit is in the floor or a listed cost: the solver's own work is
+    the first objective and the iterations less the evaluations; what the phases do not
+    span is the fit's time less all of them."""
+    phases = {
+        "job start + read": 1.0, "key numbering": 0.2, "statistics": 0.4,
+        "solver vectors": 0.05, "first objective": 0.25, "iterations": 5.0,
+        "coefficients": 0.1, "eval offset": 0.1, "eval round": 4.0, "eval reduce": 0.2,
+        "eval finish": 0.2, "worker pull": 0.3, "worker compute": 3.2,
+        "worker push+contribute": 0.2, "evaluations": 20,
+    }  # fmt: skip
+    row = floor_row(7.25, phases, {"arrow pass s": 1.5, "eval s": 0.15})
+    assert row["floor s"] == pytest.approx(1.5 + 20 * 0.15)
+    costs = row["costs"]
+    assert costs["solver algebra"] == pytest.approx(0.25 + 5.0 - (0.1 + 4.0 + 0.2 + 0.2))
+    assert costs["outside the phases"] == pytest.approx(7.25 - 7.0)
+    assert costs["rounds beyond compute"] == pytest.approx(4.0 - 3.2 - 0.3 - 0.2)
