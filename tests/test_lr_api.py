@@ -608,3 +608,19 @@ def test_shared_bases_generic_thresholds_and_regression(data):
     (reg_pred, feats) = _collect(_LinearToy().transform(data), ["prediction", "features"])
     np.testing.assert_allclose(reg_pred, _vectors(feats) @ np.array([1.0, -2.0, 0.5, 3.0]))
     assert _LinearToy().predict(Vectors.sparse(NUM_FEATURES, [3], [2.0])) == 6.0
+
+
+def test_a_model_copies_given_coefficients_unless_they_are_the_fits_own():
+    """`from_coefficients` and the like keep their own copy (the caller may change its
+    array later); the estimator hands over its fresh result without a copy."""
+    values = np.array([0.5, -1.0, 2.0])
+    kept = LogisticRegressionModel()
+    kept._set_coefficients(values, 0.1)
+    taken = LogisticRegressionModel()
+    taken._set_coefficients(values, 0.1, copy=False)
+    values[0] = 9.0
+    assert kept.coefficients.toArray().tolist() == [0.5, -1.0, 2.0]
+    assert taken.coefficients.toArray().tolist() == [9.0, -1.0, 2.0]
+    ints = LogisticRegressionModel()  # other dtypes are converted either way
+    ints._set_coefficients(np.array([1, 2]), 0.0, copy=False)
+    assert ints.coefficients.toArray().dtype == np.float64

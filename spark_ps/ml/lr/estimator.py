@@ -409,6 +409,7 @@ class LogisticRegression(
                 result.intercept,
                 keys=result.keys,
                 num_features=result.num_features,
+                copy=False,  # the fit's own arrays
             )
         else:
             model._set_matrix(

@@ -108,9 +108,12 @@ class LogisticRegressionModel(
         *,
         keys: Any = None,
         num_features: int | None = None,
+        copy: bool = True,
     ) -> None:
-        """Install coefficients, checking shapes, sortedness and key range."""
-        values = np.array(values, dtype=np.float64).reshape(-1)
+        """Install coefficients, checking shapes, sortedness and key range. ``copy=False``:
+        the model takes `values` as they are when they are float64 already (a fit's own
+        result: a 2^24-feature model's copy cost 0.1-0.25 s of the fit, measured)."""
+        values = (np.array if copy else np.asarray)(values, dtype=np.float64).reshape(-1)
         if keys is None:
             if num_features is not None and num_features != values.shape[0]:
                 raise ValueError(
