@@ -569,8 +569,6 @@ def main(argv: list[str] | None = None) -> None:
                 len(servicer.models),
                 version,
             )
-    # the compiled passes load meanwhile, not in the first fit's first request
-    threading.Thread(target=warm_up, name="spark-ps-warm-up", daemon=True).start()
     lifecycle.register_with_coordinator(
         args.coordinator,
         token,
@@ -579,4 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         backup=args.role == "backup",
         launch=(args.host_id, args.incarnation),
     )
+    # once registered (the imports hold the GIL): the compiled passes load while the
+    # driver starts its job, not in the first fit's first request
+    threading.Thread(target=warm_up, name="spark-ps-warm-up", daemon=True).start()
     lifecycle.wait_for_parent_or_stop(server)

@@ -282,7 +282,8 @@ def _feature_thresholds(
     targets = np.cumsum(np.full(num_splits, total / (num_splits + 1)))
     # MLlib walks the targets one by one: j_k = max(j_(k-1) + 1, first midpoint above t_k).
     # With d_k = j_k - k that is a running max, so the walk is one pass over the targets:
-    # the same candidates, no Python loop (80 features x 31 targets: ~14 -> ~2 ms)
+    # the same candidates, no Python loop (split_thresholds of 80 features, 31 targets
+    # each: 14 -> 9 ms, measured)
     steps = np.arange(num_splits)
     above = np.searchsorted(mids, targets, side="right")
     j = np.maximum.accumulate(above - steps) + steps
