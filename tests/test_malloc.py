@@ -36,16 +36,21 @@ print(json.dumps({"set": was_set, "faults": faults}))
 """
 
 
-def _faults(mode: str, **env: str) -> dict:
+def _child(script: str, mode: str, env: dict) -> dict:
+    """What a fresh Python running `script` with argument `mode` printed last (JSON)."""
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode],
-        env={**os.environ, **env},
+        [sys.executable, "-c", script, mode],
+        env=env,
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _faults(mode: str, **env: str) -> dict:
+    return _child(_CHILD, mode, {**os.environ, **env})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
@@ -85,15 +90,7 @@ print(json.dumps({"before": before, "advised": "hg" in flags, "after": huge_page
 
 def _advice(mode: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k != lifecycle.HUGEPAGE_ENV}
-    out = subprocess.run(
-        [sys.executable, "-c", _ADVICE_CHILD, mode],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _child(_ADVICE_CHILD, mode, {**clean, **env})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps")
