@@ -168,3 +168,33 @@ def test_a_worker_of_an_aborted_launch_exits_once_a_newer_launch_is_posted(ps, t
         for p in (old, new, done):
             p.kill()
             p.wait()
+
+
+def _advice(ctx, round_, cmd):
+    from numpy._core import multiarray
+
+    ctx.contribute(round_, [float(multiarray._get_madvise_hugepage())])
+
+
+@pytest.mark.skipif(
+    "NUMPY_MADVISE_HUGEPAGE" in os.environ, reason="an operator's setting stands (test_malloc)"
+)
+def test_a_jobs_tasks_run_without_huge_page_advice_and_put_it_back(spark_ps):
+    """numpy's huge-page advice is off while a fit's task runs (its fresh big arrays must
+    not stall on memory compaction) and back on afterwards for whatever the reused Python
+    worker runs next."""
+    spark, ps = spark_ps
+    df = partitions_for(_data(spark)[0], 2)
+    with PSJob(ps, df, 2, _setup, {"advice": _advice}, "test-advice") as job:
+        _, out = job.call("advice")
+    assert out.tolist() == [0.0]  # the sum over both partitions: off in each
+
+    def after(batches):
+        import pyarrow as pa
+        from numpy._core import multiarray
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"on": [bool(multiarray._get_madvise_hugepage())]})
+
+    assert all(r.on for r in df.mapInArrow(after, "on boolean").collect())
