@@ -108,3 +108,27 @@ def test_label_errors_are_refused_before_any_ps_work(spark_ps):
     with pytest.raises(ValueError, match=r"Binomial family only supports 1 or 2 outcome classes"):
         LogisticRegression(maxIter=3, family="binomial").fit(three)
     assert ps.client.models() == before
+
+
+def test_a_declared_vector_size_above_the_bound_needs_no_first_row_job(spark_ps):
+    """ML attributes (VectorAssembler, FeatureHasher, HashingTF write ``num_attrs``) that
+    declare more features than the densify bound decide without a Spark job; otherwise the
+    first row still decides, in one small job."""
+    spark, _ = spark_ps
+    sc = spark.sparkContext
+    df = _mixed_df(spark, n=30)
+    declared = df.withColumn(
+        "features", F.col("features").alias("features", metadata={"ml_attr": {"num_attrs": 9}})
+    )
+    kw = dict(features_col="features", label_col="label", num_workers=2)
+
+    def jobs(group: str, densify_max: int) -> tuple[str, int]:
+        sc.setJobGroup(group, "prepare_fit_data")
+        try:
+            kind = prepare_fit_data(declared, densify_max=densify_max, **kw).features_kind
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        return kind, len(sc.statusTracker().getJobIdsForGroup(group))
+
+    assert jobs("declared-wide", 8) == ("vector", 0)  # 9 features declared, 8 allowed
+    assert jobs("declared-narrow", 4096) == ("dense", 1)  # the first row (dense) decides
