@@ -93,7 +93,10 @@ def _advice(mode: str, **env: str) -> dict:
     return _child(_ADVICE_CHILD, mode, {**clean, **env})
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps")
+@pytest.mark.skipif(
+    not os.path.isdir("/sys/kernel/mm/transparent_hugepage"),
+    reason="a Linux kernel with transparent huge pages (madvise sets no flag without them)",
+)
 def test_workers_and_shards_ask_for_no_huge_pages_and_the_setting_is_restored():
     """The kernel sees the advice (``hg`` in the mapping's flags) only when it is on; the
     call returns the setting before it, so a task puts back what it found."""
