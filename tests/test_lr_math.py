@@ -191,6 +191,63 @@ def test_loss_and_grad_on_threads_sums_its_row_blocks(monkeypatch, dense, weight
         assert np.array_equal(X.rmatvec(r), rows.T @ r)
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+def test_unit_rows_take_the_products_that_skip_their_values_bit_for_bit(monkeypatch, parts):
+    """Rows whose values are all 1.0 (hashed one-hot features) run compiled products that
+    never read those values, on one thread too; a few rows with other values (two hashed
+    fields colliding) still read theirs. The margins, gradient and loss are scipy's, bit
+    for bit. A batch without such rows keeps scipy's products on one thread."""
+    from spark_ps.ml import threads
+    from spark_ps.ml.lr import objective, row_blocks
+
+    if row_blocks.kernels() is None:
+        pytest.skip("without numba every CSR product runs in scipy")
+    rng = np.random.default_rng(12)
+    X = scipy.sparse.random(2000, 300, density=0.05, random_state=rng, format="csr")
+    X.data[:] = 1.0
+    X.data[X.indptr[7]] = 2.0  # row 7 holds a 2.0 (and row 9, 0.5)
+    X.data[X.indptr[9] + 1] = 0.5
+    keys, local = batch_of(X, rng.integers(0, 2, 2000).astype(float), None).localize()
+    k = keys.size
+    coef, inv = rng.normal(size=k), rng.uniform(0.5, 2.0, k)
+    monkeypatch.setattr(objective, "THREAD_MIN_ROWS", 100)
+    previous = threads.set_threads(parts)
+    try:
+        got = loss_and_grad(local, coef, 0.3, inv, True)
+        blocks = objective._row_blocks(local, k, parts)
+        units = objective._unit_rows(local)
+        local._unit_rows = None  # the same batch through the products that read values
+        want = loss_and_grad(local, coef, 0.3, inv, True)
+        other = objective._row_blocks(local, k, parts)
+    finally:
+        threads.set_threads(previous)
+    assert np.flatnonzero(~units).tolist() == [7, 9] and units.size == 2000
+    assert len(blocks) == parts
+    assert all(R._matvec is row_blocks.kernels(units=True)[0] for _, _, R in blocks)
+    if parts == 1:
+        assert len(other) == 1 and other[0][2] is objective._scipy_csr(local, k)
+    else:
+        assert all(R._matvec is row_blocks.kernels()[0] for _, _, R in other)
+    assert got[0] == want[0] and got[2:] == want[2:]
+    np.testing.assert_array_equal(got[1], want[1])
+    whole = objective._scipy_csr(local, k)
+    for a, b, R in blocks:  # each block against scipy on its rows
+        v, r = rng.normal(size=k), rng.normal(size=b - a)
+        assert np.array_equal(R.matvec(v), whole[a:b] @ v)
+        assert np.array_equal(R.rmatvec(r), whole[a:b].T @ r)
+
+    valued = random_batch(rng, 50, 20).localize()[1]  # no row of ones
+    assert objective._unit_rows(valued) is None
+
+
+def test_unit_rows_flags_rows_whose_values_are_all_one() -> None:
+    from spark_ps.ml.lr.row_blocks import unit_rows
+
+    indptr = np.array([0, 2, 2, 3, 5, 5])  # empty rows 1 and 4 (the last) count as ones
+    values = np.array([1.0, 1.0, 3.0, 1.0, -1.0])
+    assert unit_rows(indptr, values).tolist() == [True, True, False, False, True]
+
+
 def test_loss_and_grad_rejects_a_batch_that_is_not_localized() -> None:
     batch = random_batch(np.random.default_rng(5), 10, 50)
     with pytest.raises(ValueError, match="is the batch localized"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from spark_ps.worker_daemon import MODULE
 
 
@@ -119,3 +121,43 @@ def test_a_fresh_workers_first_task_does_not_reread_zip_archives(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"reads": 0, "b": 2}
+
+
+_LR_PRODUCTS = """
+import json
+import numpy as np, scipy.sparse
+from spark_ps.data import CSRBatch
+from spark_ps.worker_daemon import preload
+from spark_ps.ml.lr import row_blocks
+from spark_ps.ml.lr.objective import loss_and_grad
+
+preload()
+if row_blocks.kernels() is None:
+    print(json.dumps(None))
+    raise SystemExit
+def counts():
+    return [len(f.signatures) for pair in row_blocks._KERNELS[0] for f in pair]
+loaded = counts()
+X = scipy.sparse.random(50, 20, density=0.2, random_state=0, format="csr")
+X.data[:] = 1.0  # hashed one-hot rows: the products that skip the values
+keys, local = CSRBatch(X.indptr, X.indices, X.data, 20, np.arange(50) % 2 * 1.0, None).localize()
+loss_and_grad(local, np.zeros(keys.size), 0.0, np.ones(keys.size), True)
+print(json.dumps([loaded, counts()]))
+"""
+
+
+def test_the_preload_loads_the_lr_products_a_fit_calls():
+    """A forked worker's first LR fit compiles nothing: the preload loaded the products
+    with the argument types a fit passes (a fresh process's first load took ~1 s)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LR_PRODUCTS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if got is None:
+        pytest.skip("without numba LR's products run in scipy")
+    assert got == [[1, 1, 1, 1], [1, 1, 1, 1]]

@@ -543,36 +543,52 @@ def _row_blocks(csr: CSRBatch | DenseBatch, k: int, parts: int) -> list[tuple]:
     """``(first row, end row, matrix)`` of `parts` contiguous row blocks of the batch's
     product matrix (:func:`_scipy_csr`), for one thread each: row ranges of a dense matrix
     (numpy's products release the GIL) or of the CSR arrays (:mod:`row_blocks`' compiled
-    products, which do too). No copies; one block, the whole matrix, without numba."""
+    products, which do too). No copies. A CSR batch with rows whose values are all 1.0
+    takes the compiled products that skip reading them even on one thread (the same sums,
+    faster); other batches take scipy's on one thread, as does everything without numba."""
     X = _scipy_csr(csr, k)
-    if parts <= 1:
+    if isinstance(X, np.ndarray):
+        ranges = threads.ranges(csr.n_rows, parts) if parts > 1 else [(0, csr.n_rows)]
+        return [(a, b, X[a:b]) for a, b in ranges]
+    units = _unit_rows(csr)
+    compiled = row_blocks.kernels(units is not None) if parts > 1 or units is not None else None
+    if compiled is None:
         return [(0, csr.n_rows, X)]
-    compiled = None if isinstance(X, np.ndarray) else row_blocks.kernels()
-    if compiled is None and not isinstance(X, np.ndarray):
-        return [(0, csr.n_rows, X)]
-    blocks = []
-    for a, b in threads.ranges(csr.n_rows, parts):
-        blocks.append((a, b, X[a:b] if compiled is None else _RowRange(X, k, a, b, compiled)))
-    return blocks
+    return [
+        (a, b, _RowRange(X, k, a, b, compiled, units)) for a, b in threads.ranges(csr.n_rows, parts)
+    ]
+
+
+def _unit_rows(csr: CSRBatch) -> np.ndarray | None:
+    """:func:`row_blocks.unit_rows` of the batch, or None when no row is all ones or numba
+    is missing (worked out once, kept on the batch)."""
+    if not hasattr(csr, "_unit_rows"):
+        units = None
+        if row_blocks.kernels() is not None and csr.nnz:
+            units = row_blocks.unit_rows(csr.indptr, csr.values)
+            units = units if units.any() else None
+        csr._unit_rows = units
+    return csr._unit_rows
 
 
 class _RowRange:
-    """Rows ``a <= r < b`` of a scipy CSR matrix, for :mod:`row_blocks`' products."""
+    """Rows ``a <= r < b`` of a scipy CSR matrix, for :mod:`row_blocks`' products
+    (`units`: the unit-row flags the products that take them need)."""
 
-    def __init__(self, X, k: int, a: int, b: int, compiled) -> None:
+    def __init__(self, X, k: int, a: int, b: int, compiled, units=None) -> None:
         self.X, self.k, self.a, self.b = X, k, a, b
         self._matvec, self._rmatvec = compiled
+        head = (X.indptr, X.indices, X.data)
+        self._head = head if units is None else (*head, units)  # the arguments before v / x
 
     def matvec(self, v: np.ndarray) -> np.ndarray:
         out = np.empty(self.b - self.a)
-        X = self.X
-        self._matvec(X.indptr, X.indices, X.data, v, self.a, self.b, out)
+        self._matvec(*self._head, v, self.a, self.b, out)
         return out
 
     def rmatvec(self, x: np.ndarray) -> np.ndarray:
         out = np.zeros(self.k)
-        X = self.X
-        self._rmatvec(X.indptr, X.indices, X.data, np.ascontiguousarray(x), self.a, self.b, out)
+        self._rmatvec(*self._head, np.ascontiguousarray(x), self.a, self.b, out)
         return out
 
 
