@@ -22,6 +22,7 @@ __all__ = [
     "die_with_parent",
     "keep_freed_memory",
     "huge_page_advice",
+    "huge_page_advice_on",
     "register_with_coordinator",
     "shard_env",
     "stop_processes",
@@ -114,12 +115,23 @@ def huge_page_advice(enabled: bool) -> bool | None:
     """
     if os.environ.get(HUGEPAGE_ENV) is not None:
         return None
+    setter = getattr(_multiarray(), "_set_madvise_hugepage", None)
+    return None if setter is None else bool(setter(bool(enabled)))
+
+
+def huge_page_advice_on() -> bool | None:
+    """Whether numpy advises huge pages on its big arrays now (None: this numpy has no
+    such switch); what :func:`huge_page_advice` changes."""
+    getter = getattr(_multiarray(), "_get_madvise_hugepage", None)
+    return None if getter is None else bool(getter())
+
+
+def _multiarray():
     try:
         from numpy._core import multiarray
     except ImportError:  # numpy 1.x
         from numpy.core import multiarray
-    setter = getattr(multiarray, "_set_madvise_hugepage", None)
-    return None if setter is None else bool(setter(bool(enabled)))
+    return multiarray
 
 
 def register_with_coordinator(

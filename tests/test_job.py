@@ -171,9 +171,9 @@ def test_a_worker_of_an_aborted_launch_exits_once_a_newer_launch_is_posted(ps, t
 
 
 def _advice(ctx, round_, cmd):
-    from numpy._core import multiarray
+    from ps_server.lifecycle import huge_page_advice_on
 
-    ctx.contribute(round_, [float(multiarray._get_madvise_hugepage())])
+    ctx.contribute(round_, [float(huge_page_advice_on())])
 
 
 @pytest.mark.skipif(
@@ -191,10 +191,11 @@ def test_a_jobs_tasks_run_without_huge_page_advice_and_put_it_back(spark_ps):
 
     def after(batches):
         import pyarrow as pa
-        from numpy._core import multiarray
+
+        from ps_server.lifecycle import huge_page_advice_on
 
         for _ in batches:
             pass
-        yield pa.RecordBatch.from_pydict({"on": [bool(multiarray._get_madvise_hugepage())]})
+        yield pa.RecordBatch.from_pydict({"on": [bool(huge_page_advice_on())]})
 
     assert all(r.on for r in df.mapInArrow(after, "on boolean").collect())

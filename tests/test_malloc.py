@@ -70,8 +70,9 @@ def test_the_policy_can_be_left_to_glibc():
 _ADVICE_CHILD = """
 import json, sys
 import numpy as np
-from ps_server.lifecycle import huge_page_advice
+from ps_server.lifecycle import huge_page_advice, huge_page_advice_on
 before = huge_page_advice(sys.argv[1] == "on")
+now = huge_page_advice_on()
 a = np.ones(8_000_000)  # 64 MB: numpy advises huge pages on arrays of 4 MB or more
 addr, flags = a.ctypes.data + 8192, None  # numpy advises from the next whole page on
 with open("/proc/self/smaps") as f:
@@ -84,7 +85,8 @@ for line in lines:
         inside = lo <= addr < hi
     elif inside and line.startswith("VmFlags:"):
         flags = line.split()[1:]
-print(json.dumps({"before": before, "advised": "hg" in flags, "after": huge_page_advice(True)}))
+after = huge_page_advice(True)
+print(json.dumps({"before": before, "now": now, "advised": "hg" in flags, "after": after}))
 """
 
 
@@ -101,8 +103,8 @@ def test_workers_and_shards_ask_for_no_huge_pages_and_the_setting_is_restored():
     """The kernel sees the advice (``hg`` in the mapping's flags) only when it is on; the
     call returns the setting before it, so a task puts back what it found."""
     on, off = _advice("on"), _advice("off")
-    assert on == {"before": True, "advised": True, "after": True}
-    assert off == {"before": True, "advised": False, "after": False}
+    assert on == {"before": True, "now": True, "advised": True, "after": True}
+    assert off == {"before": True, "now": False, "advised": False, "after": False}
     # an operator's NUMPY_MADVISE_HUGEPAGE stands, whatever the call asks
     kept = _advice("off", **{lifecycle.HUGEPAGE_ENV: "1"})
-    assert kept == {"before": None, "advised": True, "after": None}
+    assert kept == {"before": None, "now": True, "advised": True, "after": None}
