@@ -12,8 +12,9 @@ product reads 12 bytes a non-zero instead of 20. The unit-row kernels take a fla
 so a batch where a few rows hold other values (two hashed fields colliding make a 2.0)
 still runs them. Indices are read as unsigned, which spares the compiler the
 negative-index check of every gather. On 500k hashed rows of 30 non-zeros (785k local
-keys, one core): scipy 21 + 24 ms a margin and gradient pass, signed kernels 36 + 36 ms,
-unsigned 23 + 26 ms, unit rows 16 + 15.5 ms (measured).
+keys, one core, 150 rows holding a 2.0): scipy 21 + 24 ms a margin and gradient pass,
+signed kernels 36 + 36 ms, unsigned 23 + 26 ms, the unit-row kernels 15.7-16 + 15.5-17 ms
+(measured; without the per-row flag they took the same).
 
 Compiled lazily (a worker that never runs them pays no numba import); without numba (or
 with ``SPARK_PS_NO_JIT=1``) :func:`kernels` returns None and a task's products run in scipy
