@@ -221,6 +221,10 @@ def test_row_ids_pass_equals_the_numpy_hash(monkeypatch):
     assert got.dtype == want.dtype == np.int64
     np.testing.assert_array_equal(got, want)
     assert np.unique(got).size == got.size
+    for n in (64, 65, 5, 0):  # whole, partial and no blocks of rows hashed together
+        np.testing.assert_array_equal(
+            got[:n], K.row_ids_pass(X[:n].copy(), y[:n].copy(), w[:n].copy())
+        )
     X[0, 3] = 0.0 if X[0, 3] != 0.0 else 1.0  # one feature of one row: another id
     assert K.row_ids_pass(X, y, w)[0] != got[0]
 
@@ -252,6 +256,8 @@ def _exp_inputs() -> np.ndarray:
     rng = np.random.default_rng(11)
     edges = [0.0, -0.0, np.inf, -np.inf, np.nan, 709.782712893384, 709.79, -708.4, -740.0]
     edges += [-745.13, -745.14, 1e-300, -1e-300, 2.0**-30, 0.5 * np.log(2.0), np.log(2.0)]
+    # where 2**k leaves its table (k = -1021 / -1022 and 1023 / 1024)
+    edges += [-707.7, -707.6, -708.1, 709.2, 709.5, 709.75]
     return np.concatenate(
         [rng.uniform(-750.0, 720.0, 20000), rng.normal(0.0, 4.0, 20000), np.array(edges)]
     )

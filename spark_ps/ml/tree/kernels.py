@@ -323,8 +323,8 @@ _exp = njit(cache=True, nogil=True)(exp_scalar)
 
 
 @njit(cache=True, nogil=True)
-def _logistic_rows(pred, labels, weights, targets):
-    lo, hi, err = np.inf, -np.inf, 0.0
+def _logistic_rows(pred, labels, targets, z):
+    lo, hi = np.inf, -np.inf
     for r in range(pred.shape[0]):
         y = labels[r]
         m = 2.0 * y * pred[r]
@@ -333,34 +333,42 @@ def _logistic_rows(pred, labels, weights, targets):
         targets[r] = t
         lo = min(lo, t)
         hi = max(hi, t)
-        z = e if m < 0.0 else 1.0 / e  # exp(-|m|), from the same exp
-        err += weights[r] * (2.0 * (max(-m, 0.0) + np.log1p(z)))
-    return lo, hi, err
+        z[r] = e if m < 0.0 else 1.0 / e  # exp(-|m|), from the same exp
+    return lo, hi
+
+
+@njit(cache=True, nogil=True)
+def _error_sum(pred, labels, weights, log1p_z):
+    err = 0.0
+    for r in range(pred.shape[0]):
+        m = 2.0 * labels[r] * pred[r]
+        err += weights[r] * (2.0 * (max(-m, 0.0) + log1p_z[r]))
+    return err
 
 
 def logistic_pass(
     pred: np.ndarray, labels: np.ndarray, weights: np.ndarray
 ) -> tuple[np.ndarray, float, float, float]:
     """LogLoss's pseudo-residuals of margins `pred` (labels +-1), their min and max, and the
-    weighted error sum, in one pass: (targets, min, max, sum w * error).
+    weighted error sum: (targets, min, max, sum w * error).
 
     Why: numpy took ~5 ms a tree for 131k rows, in three exps, a log1p and a dozen
     temporaries; here one exp serves both. The targets equal ``-LogLoss.gradient`` bit for
     bit on any CPU (both use :mod:`~spark_ps.ml.tree.portable_exp`); the error uses
-    ``1/exp(m)`` for ``exp(-m)``, so it may differ from ``LogLoss.error`` in its last bit.
-    An empty input gives min inf and max -inf."""
+    ``1/exp(m)`` for ``exp(-m)`` and numpy's vectorized ``log1p`` (a library call a row
+    took 0.9 of 3.0 ms on 100k rows), so it may differ from ``LogLoss.error`` in its last
+    bits. An empty input gives min inf and max -inf."""
     pred, labels, weights = (np.ascontiguousarray(a, np.float64) for a in (pred, labels, weights))
-    targets = np.empty(pred.shape[0], dtype=np.float64)
-    parts = _by_rows(
-        _logistic_rows,
-        pred.shape[0],
-        lambda a, b: (pred[a:b], labels[a:b], weights[a:b], targets[a:b]),
-    )
+    n = pred.shape[0]
+    targets, z = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64)
+    parts = _by_rows(_logistic_rows, n, lambda a, b: (pred[a:b], labels[a:b], targets[a:b], z[a:b]))
+    np.log1p(z, out=z)
+    sums = _by_rows(_error_sum, n, lambda a, b: (pred[a:b], labels[a:b], weights[a:b], z[a:b]))
     lo = min((p[0] for p in parts), default=np.inf)
     hi = max((p[1] for p in parts), default=-np.inf)
     err = 0.0
-    for p in parts:  # in row order: the same sum for the same thread count
-        err += p[2]
+    for part in sums:  # in row order: the same sum for the same thread count
+        err += part
     return targets, lo, hi, err
 
 
@@ -448,13 +456,31 @@ def _mix(z):
     return z
 
 
+#: Rows hashed together by :func:`_row_ids`.
+_ID_BLOCK = 64
+
+
 @njit(cache=True, nogil=True)
 def _row_ids(y, X, w, out):
-    for r in range(X.shape[0]):
-        h = _mix(y[r])
-        for j in range(X.shape[1]):
-            h = _mix(h ^ X[r, j])
-        out[r] = _mix(h ^ w[r])
+    """Each row's chain of ``_mix`` calls depends on the previous one (~13 cycles each),
+    so the rows go 64 at a time, their words copied column by column: the 64 chains then
+    advance side by side in vector registers (27.5 -> 12.2 ms on 100k x 80 rows, measured;
+    four chains interleaved by hand: 17 ms)."""
+    n, f = X.shape
+    h = np.empty(_ID_BLOCK, np.uint64)
+    cols = np.empty((f, _ID_BLOCK), np.uint64)
+    for r0 in range(0, n, _ID_BLOCK):
+        m = min(_ID_BLOCK, n - r0)
+        for i in range(m):
+            for j in range(f):
+                cols[j, i] = X[r0 + i, j]
+            h[i] = _mix(y[r0 + i])
+        for j in range(f):
+            col = cols[j]
+            for i in range(m):
+                h[i] = _mix(h[i] ^ col[i])
+        for i in range(m):
+            out[r0 + i] = _mix(h[i] ^ w[r0 + i])
 
 
 def row_ids_pass(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
