@@ -13,6 +13,10 @@ are scored on the same test rows. Shared settings: number of trees, max depth, b
 max_bin), learning rate (stepSize / learning_rate); LightGBM gets num_leaves = 2**depth so
 that depth, not leaf count, bounds its trees; XGBoost uses tree_method='hist'; both use 2
 threads, like local[2]. Everything else is each library's default.
+
+``sparkps-goss`` and ``lightgbm-goss`` (not run by default) are the same two with
+gradient-based one-side sampling at LightGBM's default rates (top 0.2, other 0.1): spark-ps's
+``gossTopRate``/``gossOtherRate`` option against LightGBM's ``data_sample_strategy="goss"``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from bench.datagen import GBT_DATASETS, gbt_dataset
 __all__ = ["COLUMNS", "main", "parse_args", "parse_configs"]
 
 IMPLS = ("mllib", "sparkps", "lightgbm", "xgboost")
+#: Run only when named: the GOSS variants of spark-ps and LightGBM
+GOSS_IMPLS = ("sparkps-goss", "lightgbm-goss")
+GOSS_RATES = {"gossTopRate": 0.2, "gossOtherRate": 0.1}  # LightGBM's top_rate, other_rate
 COLUMNS = (
     "trees x depth", "train rows", "impl", "fit s", "test AUC",
     "speedup vs MLlib", "time vs LightGBM", "dAUC vs MLlib", "dAUC vs LightGBM", "status",
@@ -59,7 +66,7 @@ REFIT = ("refit s", "refit read parses", "refit same trees")  # the columns --re
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the GBT benchmark (see bench/README.md)."""
     p = argparse.ArgumentParser(prog="python -m bench.gbt", description=__doc__.split("\n")[0])
-    p.add_argument("--impl", default=",".join(IMPLS), help=f"comma list of {IMPLS}")
+    p.add_argument("--impl", default=",".join(IMPLS), help=f"comma list of {IMPLS + GOSS_IMPLS}")
     p.add_argument("--configs", default="20x5,100x6", help="trees x depth, comma separated")
     p.add_argument("--dataset", choices=GBT_DATASETS, default="nycflights")
     p.add_argument("--max-bins", type=int, default=32)
@@ -126,8 +133,11 @@ def _spark_fit(cls: Any, params: dict[str, Any], train: Any, test: Any) -> tuple
     return t.elapsed, model_auc(model, test), model
 
 
-def fit_mllib(data: dict, trees: int, depth: int, args: argparse.Namespace, cls: Any = None):
-    """Fit MLlib's (or a drop-in's) GBTClassifier; returns (fit seconds, test AUC, model)."""
+def fit_mllib(
+    data: dict, trees: int, depth: int, args: argparse.Namespace, cls: Any = None, **extra
+):
+    """Fit MLlib's (or a drop-in's) GBTClassifier, with `extra` Params; returns (fit seconds,
+    test AUC, model)."""
     if cls is None:
         from pyspark.ml.classification import GBTClassifier as cls
     params = {
@@ -138,12 +148,13 @@ def fit_mllib(data: dict, trees: int, depth: int, args: argparse.Namespace, cls:
         "seed": args.seed,
     }
     if cls.__module__.startswith("spark_ps"):
-        params |= json.loads(args.sparkps_params)
+        params |= json.loads(args.sparkps_params) | extra
     return _spark_fit(cls, params, data["train_df"], data["test_df"])
 
 
-def fit_lightgbm(data: dict, trees: int, depth: int, args: argparse.Namespace):
-    """LightGBM with the shared settings; fit time includes its binning, as MLlib's does.
+def fit_lightgbm(data: dict, trees: int, depth: int, args: argparse.Namespace, **extra):
+    """LightGBM with the shared settings and `extra` ones; fit time includes its binning, as
+    MLlib's does.
 
     The native API (``lgb.train``): the sklearn wrapper would need scikit-learn.
     """
@@ -157,7 +168,7 @@ def fit_lightgbm(data: dict, trees: int, depth: int, args: argparse.Namespace):
         "learning_rate": args.step_size,
         "num_threads": args.threads,
         "verbose": -1,
-    }
+    } | extra
     with Timer() as t:
         booster = lgb.train(params, lgb.Dataset(data["X_train"], data["y_train"]), trees)
     return t.elapsed, auc(data["y_test"], booster.predict(data["X_test"]))
@@ -192,15 +203,19 @@ def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namesp
     try:
         if impl == "mllib":
             fit_s, score, _ = fit_mllib(data, trees, depth, args)
-        elif impl == "sparkps":
+        elif impl in ("sparkps", "sparkps-goss"):
             cls = import_sparkps("GBTClassifier")
             if cls is None:
                 return {}
-            fit_s, score, model = fit_mllib(data, trees, depth, args, cls)
-            if getattr(args, "refit", False):
+            extra = GOSS_RATES if impl == "sparkps-goss" else {}
+            fit_s, score, model = fit_mllib(data, trees, depth, args, cls, **extra)
+            if impl == "sparkps" and getattr(args, "refit", False):
                 row |= refit_sparkps(cls, data, trees, depth, args, fit_s, model)
         elif impl == "lightgbm":
             fit_s, score = fit_lightgbm(data, trees, depth, args)
+        elif impl == "lightgbm-goss":
+            goss = {"data_sample_strategy": "goss", "top_rate": 0.2, "other_rate": 0.1}
+            fit_s, score = fit_lightgbm(data, trees, depth, args, **goss)
         else:
             fit_s, score = fit_xgboost(data, trees, depth, args)
         row |= {"fit s": fit_s, "test AUC": score}
@@ -311,7 +326,7 @@ def warmup(data: dict[str, Any], impls: list[str], args: argparse.Namespace) -> 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run every config with every implementation; print one markdown table per config."""
     args = parse_args(argv)
-    impls = parse_impls(args.impl, IMPLS)
+    impls = parse_impls(args.impl, IMPLS + GOSS_IMPLS)
     if args.profile:
         logging.basicConfig(format="  %(message)s")
         logging.getLogger("spark_ps.ml.gbt").setLevel(logging.INFO)

@@ -144,6 +144,9 @@ def mllib_models(data):
 
 # --------------------------------------------------------------------------- Params
 
+#: spark-ps's additions to MLlib's GBT Params
+_ADDED = {"numWorkers", "gossTopRate", "gossOtherRate"}
+
 
 @pytest.mark.parametrize(
     "ours_cls, theirs_cls",
@@ -162,7 +165,7 @@ def test_params_match_mllib(spark, ours_cls, theirs_cls):
         assert ours.hasDefault(p.name) == theirs.hasDefault(p.name), p.name
         if theirs.hasDefault(p.name):
             assert ours.getOrDefault(p.name) == theirs.getOrDefault(p.name), p.name
-    assert {p.name for p in ours.params} - {p.name for p in theirs.params} == {"numWorkers"}
+    assert {p.name for p in ours.params} - {p.name for p in theirs.params} == _ADDED
     for name in dir(theirs):
         if name.startswith(("set", "get")) and callable(getattr(theirs, name)):
             assert callable(getattr(ours, name, None)), name
@@ -175,7 +178,7 @@ def test_model_params_match_mllib(mllib_models):
         ours = cls()
         names = {p.name for p in ours.params}
         assert {p.name for p in theirs.params} <= names
-        assert names - {p.name for p in theirs.params} == {"numWorkers"}
+        assert names - {p.name for p in theirs.params} == _ADDED
 
 
 @pytest.mark.parametrize(
@@ -197,6 +200,8 @@ def test_model_params_match_mllib(mllib_models):
         ({"validationTol": -0.1}, "validationTol"),
         ({"checkpointInterval": 0}, "checkpointInterval"),
         ({"numWorkers": -1}, "numWorkers"),
+        ({"gossTopRate": 1.0}, "gossTopRate"),
+        ({"gossOtherRate": 0.0}, "gossOtherRate"),
         ({"thresholds": [0.0, 0.0]}, "thresholds"),
     ],
 )
@@ -207,6 +212,17 @@ def test_bad_params_rejected_with_their_name(data, local_trainer, kwargs, param)
         ValueError, match=rf"parameter {param} given invalid value {re.escape(repr(value))}"
     ):
         GBTClassifier(**kwargs).fit(df)
+
+
+def test_goss_rates_are_checked_together(data, local_trainer):
+    df, _ = data
+    with pytest.raises(ValueError, match=r"gossTopRate \+ gossOtherRate given invalid values"):
+        GBTClassifier(gossTopRate=0.5, gossOtherRate=0.6).fit(df)
+    with pytest.raises(ValueError, match="subsamplingRate given invalid value 0.5 with gossTop"):
+        GBTClassifier(gossTopRate=0.2, subsamplingRate=0.5).fit(df)
+    est = GBTRegressor().setGossTopRate(0.2).setGossOtherRate(0.3)
+    assert (est.getGossTopRate(), est.getGossOtherRate()) == (0.2, 0.3)
+    assert GBTClassifier().getGossTopRate() == 0.0  # off unless asked for
 
 
 def test_regressor_loss_and_good_spellings(data, local_trainer):

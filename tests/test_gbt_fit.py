@@ -93,6 +93,24 @@ def test_same_trees_for_any_partitioning_and_after_a_retry(spark_ps, data, tmp_p
         np.testing.assert_array_equal(_probs(other, data), _probs(one, data))
 
 
+def test_goss_trees_are_the_same_for_any_partitioning(spark_ps, data):
+    """GOSS draws each tree's rows from counts summed over the partitions and hashed row
+    ids: one worker and two workers over other partitions grow the same trees; rates that
+    keep every row grow MLlib's trees."""
+    base = dict(maxIter=5, maxDepth=3, stepSize=0.5, seed=2)
+    one = GBTClassifier(numWorkers=1, gossTopRate=0.2, **base).fit(data.repartition(1))
+    two = GBTClassifier(numWorkers=2, gossTopRate=0.2, **base).fit(data.repartition(5))
+    assert _structure(two) == _structure(one)
+    np.testing.assert_array_equal(_probs(two, data), _probs(one, data))
+    plain = GBTClassifier(**base).fit(data)
+    trees = [[t.toDebugString.split("\n", 1)[1] for t in m.trees] for m in (one, plain)]
+    assert trees[0][:2] == trees[1][:2]
+    assert trees[0][2] != trees[1][2]  # sampled from the third tree on
+    every = GBTClassifier(gossTopRate=0.3, gossOtherRate=0.7, **base).fit(data)
+    assert _structure(every) == _structure(plain)
+    assert one.getGossTopRate() == 0.2  # the model carries the Params
+
+
 def test_to_mllib_round_trip_through_stock_load(spark_ps, data, tmp_path):
     from pyspark.ml.classification import GBTClassificationModel as MLlibModel
     from pyspark.ml.classification import LogisticRegressionModel as MLlibLRModel

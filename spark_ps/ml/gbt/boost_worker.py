@@ -36,7 +36,7 @@ from ps_server.functions.gbt_layer import decode_splits
 from ps_server.keys import range_bounds
 from spark_ps.ml._job import WorkerContext
 from spark_ps.ml.binned_metrics import NUM_BINS, binned_auc
-from spark_ps.ml.tree import kernels
+from spark_ps.ml.tree import goss, kernels
 from spark_ps.ml.tree.binning import row_uniform
 from spark_ps.ml.tree.histogram import (
     FixedPointScale,
@@ -52,6 +52,7 @@ __all__ = [
     "boost",
     "compute_targets",
     "early_stop",
+    "goss_sample",
     "targets_and_losses",
     "CELLS_PER_SHARD",
     "layer_shards",
@@ -92,13 +93,20 @@ def compute_targets(s: dict, tree: int) -> np.ndarray:
     return t
 
 
-def start_tree(s: dict, scale, seed: int, rate: float) -> None:
-    """Quantize this tree's row statistics and put every row in the root."""
+def start_tree(
+    s: dict, scale, seed: int, rate: float, sample: goss.GossSample | None = None
+) -> None:
+    """Quantize this tree's row statistics and put every row in the root; `sample`: the
+    rows and weights GOSS drew (instead of subsampling at `rate`)."""
     n = s["y"].size
     scale = FixedPointScale(*scale)
-    s["row_stats"] = quantize_rows(s["targets"], s["w"], scale)
-    s["unit"] = unit_weight(s["w"], scale)
-    s["in_sample"] = row_uniform(s["ids"], seed) < rate if rate < 1.0 else np.ones(n, bool)
+    w = s["w"] if sample is None else sample.weights
+    s["row_stats"] = quantize_rows(s["targets"], w, scale)
+    s["unit"] = unit_weight(w, scale)
+    if sample is not None:
+        s["in_sample"] = sample.in_sample
+    else:
+        s["in_sample"] = row_uniform(s["ids"], seed) < rate if rate < 1.0 else np.ones(n, bool)
     s["node"] = np.zeros(n, dtype=np.int32)
     s["vnode"] = np.zeros(s["yv"].size, dtype=np.int32)
 
@@ -122,9 +130,12 @@ def _timed(s: dict, phase: str):
         s["_prof"][phase] += time.perf_counter() - t0
 
 
-def _gather(ctx: WorkerContext, cmd: dict, m: int, values: list[float]) -> np.ndarray:
-    """Every partition's `values` for tree `m`'s start, stacked in partition order."""
-    args = {"topic": f"{cmd['topic']}/start", "step": m, "n_parts": cmd["n_parts"]}
+def _gather(
+    ctx: WorkerContext, cmd: dict, m: int, values: list[float], what: str = "start"
+) -> np.ndarray:
+    """Every partition's `values` for tree `m`'s start (`what`: ``"goss"`` for its GOSS
+    counts), stacked in partition order."""
+    args = {"topic": f"{cmd['topic']}/{what}", "step": m, "n_parts": cmd["n_parts"]}
     args["wait"] = _WAIT
     with _timed(ctx.state, "gather"):
         (out,) = ctx.rendezvous("rendezvous.gather", args, [[np.asarray(values)]], shards=[0])
@@ -144,6 +155,20 @@ def layer_shards(
     """
     per = int(cells_per_shard or CELLS_PER_SHARD)
     return max(1, min(int(num_shards), -(-int(n_features) * int(n_bins) // per)))
+
+
+def goss_sample(ctx: WorkerContext, cmd: dict, m: int, bound: float) -> goss.GossSample:
+    """Tree `m`'s GOSS rows of this partition: its counts of ``|w t|`` (bins on ``[0,
+    bound]``) summed with every other partition's in one gather, then the same draw as
+    every worker makes (:mod:`spark_ps.ml.tree.goss`)."""
+    s, p = ctx.state, cmd["params"]
+    with _timed(s, "goss"):
+        rows = goss.bins_of(s["targets"], s["w"], bound)
+        part_counts = goss.counts(rows)
+    total = _gather(ctx, cmd, m, part_counts, what="goss").sum(axis=0)
+    with _timed(s, "goss"):
+        top, other = p["gossTopRate"], p["gossOtherRate"]
+        return goss.draw(rows, total, s["w"], s["ids"], top, other, p["seed"] + m)
 
 
 def _losses(s: dict) -> list[float]:
@@ -213,11 +238,16 @@ def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, p
 
 
 def grow_tree(
-    ctx: WorkerContext, cmd: dict, m: int, scale, before_root_wait: Callable | None = None
+    ctx: WorkerContext,
+    cmd: dict,
+    m: int,
+    scale,
+    before_root_wait: Callable | None = None,
+    sample: goss.GossSample | None = None,
 ) -> TreeBuilder:
     """Grow tree `m` layer by layer with the shards; rows end in the builder's leaves.
     `before_root_wait()` runs once the root's histograms are built, before waiting for
-    its splits."""
+    its splits; `sample`: the rows GOSS drew (:func:`goss_sample`)."""
     s, p = ctx.state, cmd["params"]
     builder = TreeBuilder(
         cmd["thresholds"],
@@ -231,7 +261,7 @@ def grow_tree(
     )
     kw = dict(builder.split_kw, scale=list(scale))
     with _timed(s, "quantize"):
-        start_tree(s, scale, p["seed"] + m, p["subsamplingRate"])
+        start_tree(s, scale, p["seed"] + m, p["subsamplingRate"], sample)
     layer = 0
     while not builder.done:
         plan = builder.histogram_plan()
@@ -380,8 +410,13 @@ def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> N
         if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
             return
         lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())
-        scale = choose_scale(lo, hi, cmd["max_w"], cmd["n_rows"])
-        builder = grow_tree(ctx, cmd, m, scale, poster.send if poster is not None else None)
+        max_w, sample = cmd["max_w"], None
+        if goss.active(p.get("gossTopRate", 0.0), p["stepSize"], m):
+            sample = goss_sample(ctx, cmd, m, max_w * max(-lo, hi))
+            max_w *= goss.weight_bound(p["gossTopRate"], p["gossOtherRate"])
+        scale = choose_scale(lo, hi, max_w, cmd["n_rows"])
+        post = poster.send if poster is not None else None
+        builder = grow_tree(ctx, cmd, m, scale, post, sample)
         tw = 1.0 if m == 0 else p["stepSize"]
         with _timed(s, "finish"):
             _finish_tree(s, builder, tw)

@@ -149,6 +149,8 @@ def _fit_params(params: dict) -> dict:
         "seed",
         "lossType",
         "validationTol",
+        "gossTopRate",
+        "gossOtherRate",
     )
     return {k: params[k] for k in keep if k in params}
 

@@ -240,7 +240,7 @@ class _GBTEstimator(DefaultParamsWritable):
         out["featureSubsetStrategy"] = "all" if strategy == "auto" else strategy
         return out
 
-    # ----- setters shared by both estimators (MLlib's, plus numWorkers)
+    # ----- setters shared by both estimators (MLlib's, plus numWorkers and GOSS)
 
     def setMaxDepth(self, value: int) -> Any:
         """Sets the value of :py:attr:`maxDepth`."""
@@ -322,6 +322,14 @@ class _GBTEstimator(DefaultParamsWritable):
         """Sets the value of :py:attr:`numWorkers` (spark-ps addition)."""
         return self._set(numWorkers=value)
 
+    def setGossTopRate(self, value: float) -> Any:
+        """Sets the value of :py:attr:`gossTopRate` (spark-ps addition: GOSS)."""
+        return self._set(gossTopRate=value)
+
+    def setGossOtherRate(self, value: float) -> Any:
+        """Sets the value of :py:attr:`gossOtherRate` (spark-ps addition: GOSS)."""
+        return self._set(gossOtherRate=value)
+
 
 class GBTClassifier(
     _GBTEstimator,
@@ -336,7 +344,7 @@ class GBTClassifier(
     ``cacheNodeIds`` are accepted and ignored (not applicable: the PS holds the histograms and
     workers keep node ids); ``checkpointInterval`` checkpoints the PS every that many trees
     when ``spark.ps.checkpointDir`` is set. Categorical feature metadata with more than two
-    values is rejected. ``numWorkers`` is an addition.
+    values is rejected. ``numWorkers`` and the GOSS option (``gossTopRate``) are additions.
 
     Examples
     --------
@@ -378,6 +386,8 @@ class GBTClassifier(
         rawPredictionCol: str = "rawPrediction",
         thresholds: list[float] | None = None,
         numWorkers: int = 0,
+        gossTopRate: float = 0.0,
+        gossOtherRate: float = 0.1,
     ) -> None:
         super().__init__()
         self.setParams(**self._input_kwargs)
@@ -412,6 +422,8 @@ class GBTClassifier(
         rawPredictionCol: str = "rawPrediction",
         thresholds: list[float] | None = None,
         numWorkers: int = 0,
+        gossTopRate: float = 0.0,
+        gossOtherRate: float = 0.1,
     ) -> GBTClassifier:
         """Sets Params for gradient-boosted tree classification (keyword arguments only)."""
         return self._set(**self._input_kwargs)
@@ -428,7 +440,8 @@ class GBTRegressor(
     A drop-in for :class:`pyspark.ml.regression.GBTRegressor` (losses ``squared`` and
     ``absolute``); ``maxMemoryInMB`` and ``cacheNodeIds`` are accepted and ignored (not
     applicable to the PS); ``checkpointInterval`` checkpoints the PS every that many trees when
-    ``spark.ps.checkpointDir`` is set. ``numWorkers`` is an addition.
+    ``spark.ps.checkpointDir`` is set. ``numWorkers`` and the GOSS option (``gossTopRate``) are
+    additions.
 
     Examples
     --------
@@ -466,6 +479,8 @@ class GBTRegressor(
         minWeightFractionPerNode: float = 0.0,
         weightCol: str | None = None,
         numWorkers: int = 0,
+        gossTopRate: float = 0.0,
+        gossOtherRate: float = 0.1,
     ) -> None:
         super().__init__()
         self.setParams(**self._input_kwargs)
@@ -497,6 +512,8 @@ class GBTRegressor(
         minWeightFractionPerNode: float = 0.0,
         weightCol: str | None = None,
         numWorkers: int = 0,
+        gossTopRate: float = 0.0,
+        gossOtherRate: float = 0.1,
     ) -> GBTRegressor:
         """Sets Params for gradient-boosted tree regression (keyword arguments only)."""
         return self._set(**self._input_kwargs)

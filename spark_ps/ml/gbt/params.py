@@ -2,9 +2,10 @@
 
 The Params are pyspark's own classes (``_GBTClassifierParams``, ``_GBTRegressorParams`` and the
 shared ``HasX`` mixins), so names, docs, defaults and type converters are MLlib's by
-construction; spark-ps only *adds* Params (``numWorkers``). Value checks live in one
-``_validate_params()`` that runs first in ``fit`` and names the Param and the value, because
-pyspark's Python Params do no range checking and the JVM that normally does is not involved.
+construction; spark-ps only *adds* Params (``numWorkers``, the GOSS option). Value checks
+live in one ``_validate_params()`` that runs first in ``fit`` and names the Param and the
+value, because pyspark's Python Params do no range checking and the JVM that normally does
+is not involved.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pyspark.ml.regression import _GBTRegressorParams as _MLlibGBTRegressorParam
 from pyspark.ml.tree import _TreeEnsembleParams
 
 __all__ = [
+    "HasGOSS",
     "HasNumWorkers",
     "GBTClassifierParams",
     "GBTRegressorParams",
@@ -53,6 +55,42 @@ class HasNumWorkers(Params):
     def getNumWorkers(self) -> int:
         """Gets the value of numWorkers or its default value."""
         return self.getOrDefault(self.numWorkers)
+
+
+class HasGOSS(Params):
+    """Mixin for spark-ps's GOSS Params (additions; MLlib has no such Params): LightGBM's
+    gradient-based one-side sampling, off by default (see :mod:`spark_ps.ml.tree.goss`)."""
+
+    gossTopRate: Param[float] = Param(
+        Params._dummy(),
+        "gossTopRate",
+        "Gradient-based one-side sampling (GOSS, as LightGBM's): each tree after the first "
+        "1/stepSize grows from at least this fraction of the training rows with the largest "
+        "|weight * pseudo-residual| plus a random gossOtherRate of all rows drawn from the "
+        "rest, whose weights are scaled up to stand for it. Faster trees, at some accuracy; "
+        "0 turns it off (the default: MLlib's trees). Not with subsamplingRate < 1. "
+        "(>= 0, < 1)",
+        typeConverter=TypeConverters.toFloat,
+    )
+    gossOtherRate: Param[float] = Param(
+        Params._dummy(),
+        "gossOtherRate",
+        "With gossTopRate > 0: the fraction of all training rows drawn at random from those "
+        "not in the top. (> 0, <= 1 - gossTopRate)",
+        typeConverter=TypeConverters.toFloat,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(gossTopRate=0.0, gossOtherRate=0.1)
+
+    def getGossTopRate(self) -> float:
+        """Gets the value of gossTopRate or its default value."""
+        return self.getOrDefault(self.gossTopRate)
+
+    def getGossOtherRate(self) -> float:
+        """Gets the value of gossOtherRate or its default value."""
+        return self.getOrDefault(self.gossOtherRate)
 
 
 def _is_feature_subset_strategy(value: str) -> bool:
@@ -93,6 +131,8 @@ _RULES: tuple[tuple[str, Any, str], ...] = (
     ),
     ("impurity", lambda v: v.lower() == "variance", "supported: variance"),
     ("numWorkers", lambda v: v >= 0, "must be >= 0"),
+    ("gossTopRate", lambda v: 0.0 <= v < 1.0, "must be in range [0, 1)"),
+    ("gossOtherRate", lambda v: 0.0 < v <= 1.0, "must be in range (0, 1]"),
     ("thresholds", _thresholds_ok, "must be >= 0 with at most one 0"),
 )
 
@@ -115,11 +155,28 @@ class _GBTValidation(Params):
                     raise ValueError(
                         f"{self.uid} parameter {name} given invalid value {value!r}: {why}."
                     )
+        self._validate_goss()
         loss = self.getOrDefault("lossType")
         if loss.lower() not in self.supportedLossTypes:
             raise ValueError(
                 f"{self.uid} parameter lossType given invalid value {loss!r}: supported: "
                 f"{', '.join(self.supportedLossTypes)} (case-insensitive)."
+            )
+
+    def _validate_goss(self) -> None:
+        top = self.getOrDefault("gossTopRate")
+        if top == 0.0:
+            return
+        other, rate = self.getOrDefault("gossOtherRate"), self.getOrDefault("subsamplingRate")
+        if top + other > 1.0:
+            raise ValueError(
+                f"{self.uid} parameters gossTopRate + gossOtherRate given invalid values "
+                f"{top!r} + {other!r}: their sum must be <= 1."
+            )
+        if rate < 1.0:
+            raise ValueError(
+                f"{self.uid} parameter subsamplingRate given invalid value {rate!r} with "
+                f"gossTopRate={top!r}: GOSS replaces subsampling; leave it at 1.0."
             )
 
     def _check_unsupported(self, unsupported: Iterable[str], by: str) -> None:
@@ -137,22 +194,29 @@ class _GBTValidation(Params):
 
 
 class GBTClassifierParams(
-    _ProbabilisticClassifierParams, _MLlibGBTClassifierParams, HasNumWorkers, _GBTValidation
+    _ProbabilisticClassifierParams,
+    _MLlibGBTClassifierParams,
+    HasNumWorkers,
+    HasGOSS,
+    _GBTValidation,
 ):
     """Params of :class:`GBTClassifier` and :class:`GBTClassificationModel`.
 
     Exactly MLlib's GBTClassifier Params (same names, docs, defaults and converters) plus
-    ``numWorkers``. ``maxMemoryInMB`` and ``cacheNodeIds`` are accepted and ignored: the PS
-    keeps the histograms and every worker keeps its rows' node ids, so there is nothing to size
-    or cache. ``checkpointInterval``: the PS is checkpointed every that many trees (with the
+    ``numWorkers`` and the GOSS option (``gossTopRate``, ``gossOtherRate``; off by default).
+    ``maxMemoryInMB`` and ``cacheNodeIds`` are accepted and ignored: the PS keeps the
+    histograms and every worker keeps its rows' node ids, so there is nothing to size or
+    cache. ``checkpointInterval``: the PS is checkpointed every that many trees (with the
     trees so far) when ``spark.ps.checkpointDir`` is set.
     """
 
 
-class GBTRegressorParams(_PredictorParams, _MLlibGBTRegressorParams, HasNumWorkers, _GBTValidation):
+class GBTRegressorParams(
+    _PredictorParams, _MLlibGBTRegressorParams, HasNumWorkers, HasGOSS, _GBTValidation
+):
     """Params of :class:`GBTRegressor` and :class:`GBTRegressionModel`.
 
-    Exactly MLlib's GBTRegressor Params plus ``numWorkers``; ``maxMemoryInMB`` and
-    ``cacheNodeIds`` are accepted and ignored, ``checkpointInterval`` checkpoints the PS (see
-    :class:`GBTClassifierParams`).
+    Exactly MLlib's GBTRegressor Params plus ``numWorkers`` and the GOSS option;
+    ``maxMemoryInMB`` and ``cacheNodeIds`` are accepted and ignored, ``checkpointInterval``
+    checkpoints the PS (see :class:`GBTClassifierParams`).
     """

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from ps_server.functions.gbt import SPLIT_DTYPE, best_splits
+from spark_ps.ml.tree import goss
 from spark_ps.ml.tree.binning import (
     bin_matrix,
     row_uniform,
@@ -101,6 +102,8 @@ class GBTParams:
     seed: int = 0
     lossType: str = "squared"
     validationTol: float = 0.01
+    gossTopRate: float = 0.0  # spark-ps's GOSS option (see spark_ps.ml.tree.goss); 0: off
+    gossOtherRate: float = 0.1
 
 
 # MLlib Params accepted but irrelevant to the fitted trees (memory, caching, column names).
@@ -159,9 +162,25 @@ def resolve_params(params: dict[str, Any] | None) -> GBTParams:
         raise ValueError(
             f"param minWeightFractionPerNode must be in [0, 0.5), got {p.minWeightFractionPerNode}"
         )
+    _check_goss(p)
     get_loss(p.lossType)
     features_per_node(p.featureSubsetStrategy, 1)
     return p
+
+
+def _check_goss(p: GBTParams) -> None:
+    top, other = p.gossTopRate, p.gossOtherRate
+    if _bad_number(top, False, 0.0, None) or top >= 1.0:
+        raise ValueError(f"param gossTopRate must be in [0, 1), got {top!r}")
+    if _bad_number(other, False, None, 1.0) or other <= 0.0:
+        raise ValueError(f"param gossOtherRate must be in (0, 1], got {other!r}")
+    if top > 0.0 and top + other > 1.0:
+        raise ValueError(f"gossTopRate + gossOtherRate must be <= 1, got {top} + {other}")
+    if top > 0.0 and p.subsamplingRate < 1.0:
+        raise ValueError(
+            f"gossTopRate={top} (GOSS) replaces subsampling: leave subsamplingRate at 1.0, "
+            f"got {p.subsamplingRate}"
+        )
 
 
 def features_per_node(strategy: str | int | float, num_features: int) -> int:
@@ -521,13 +540,20 @@ def _prepare(X: np.ndarray, labels: np.ndarray, w: np.ndarray, p: GBTParams) -> 
     return _Data(bins, labels, w, thresholds, n_bins, max_w, min_w)
 
 
-def _fit_one_tree(d: _Data, targets: np.ndarray, p: GBTParams, seed: int) -> tuple:
-    n = targets.shape[0]
-    if p.subsamplingRate < 1.0:
+def _fit_one_tree(d: _Data, targets: np.ndarray, p: GBTParams, m: int) -> tuple:
+    n, seed, weights = targets.shape[0], p.seed + m, d.weights
+    lo, hi, max_w = float(targets.min()), float(targets.max()), d.max_weight
+    if goss.active(p.gossTopRate, p.stepSize, m):
+        rows = goss.bins_of(targets, weights, max_w * max(-lo, hi))
+        top, other = p.gossTopRate, p.gossOtherRate
+        sample = goss.draw(rows, goss.counts(rows), weights, np.arange(n), top, other, seed)
+        in_sample, weights = sample.in_sample, sample.weights
+        max_w *= goss.weight_bound(top, other)
+    elif p.subsamplingRate < 1.0:
         in_sample = row_uniform(np.arange(n), seed) < p.subsamplingRate
     else:
         in_sample = np.ones(n, dtype=bool)
-    scale = choose_scale(float(targets.min()), float(targets.max()), d.max_weight, n)
+    scale = choose_scale(lo, hi, max_w, n)
     builder = TreeBuilder(
         d.thresholds,
         scale,
@@ -538,8 +564,8 @@ def _fit_one_tree(d: _Data, targets: np.ndarray, p: GBTParams, seed: int) -> tup
         features_per_node=features_per_node(p.featureSubsetStrategy, len(d.thresholds)),
         seed=seed,
     )
-    q = quantize_rows(targets, d.weights, scale)
-    leaf = grow_tree(d.bins, q, in_sample, builder, d.n_bins, unit=unit_weight(d.weights, scale))
+    q = quantize_rows(targets, weights, scale)
+    leaf = grow_tree(d.bins, q, in_sample, builder, d.n_bins, unit=unit_weight(weights, scale))
     return builder.finish(), builder.node_values()[leaf]
 
 
@@ -580,7 +606,7 @@ def fit_gbt_local(
     pred, best_err, best_m = np.zeros(X.shape[0]), 0.0, 1
     for m in range(p.maxIter):  # boosting iterations
         targets = labels if m == 0 else -loss.gradient(pred, labels)
-        tree, row_values = _fit_one_tree(d, targets, p, p.seed + m)
+        tree, row_values = _fit_one_tree(d, targets, p, m)
         tw = 1.0 if m == 0 else p.stepSize
         trees.append(tree)
         weights.append(tw)
