@@ -111,6 +111,23 @@ def test_goss_trees_are_the_same_for_any_partitioning(spark_ps, data):
     assert one.getGossTopRate() == 0.2  # the model carries the Params
 
 
+@pytest.mark.slow
+def test_a_goss_fit_retried_mid_tree_grows_the_same_trees(spark_ps, data, tmp_path):
+    """A task dies in the third tree, the first GOSS samples: its retry replays the tree,
+    its GOSS counts answered again from the shard's cache, and grows the clean fit's trees."""
+    params = dict(maxIter=5, maxDepth=3, stepSize=0.5, seed=2, gossTopRate=0.2, numWorkers=2)
+    clean = GBTClassifier(**params).fit(data)
+    marker = tmp_path / "failed"
+    _job.inject_failure_once("hist", nth=7, part=1, marker=str(marker))  # tree 2, layer 1
+    try:
+        retried = GBTClassifier(**params).fit(data)
+    finally:
+        _job.clear_failures()
+    assert marker.exists()
+    assert _structure(retried) == _structure(clean)
+    np.testing.assert_array_equal(_probs(retried, data), _probs(clean, data))
+
+
 def test_to_mllib_round_trip_through_stock_load(spark_ps, data, tmp_path):
     from pyspark.ml.classification import GBTClassificationModel as MLlibModel
     from pyspark.ml.classification import LogisticRegressionModel as MLlibLRModel
