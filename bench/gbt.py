@@ -214,7 +214,8 @@ def run_one(impl: str, data: dict, trees: int, depth: int, args: argparse.Namesp
         elif impl == "lightgbm":
             fit_s, score = fit_lightgbm(data, trees, depth, args)
         elif impl == "lightgbm-goss":
-            goss = {"data_sample_strategy": "goss", "top_rate": 0.2, "other_rate": 0.1}
+            top, other = GOSS_RATES["gossTopRate"], GOSS_RATES["gossOtherRate"]
+            goss = {"data_sample_strategy": "goss", "top_rate": top, "other_rate": other}
             fit_s, score = fit_lightgbm(data, trees, depth, args, **goss)
         else:
             fit_s, score = fit_xgboost(data, trees, depth, args)
