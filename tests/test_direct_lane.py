@@ -617,3 +617,99 @@ def test_a_lane_from_before_raw_calls_gets_them_through_grpc_then_plain(client, 
     finally:
         old_lane.close()
         other.close()
+
+
+def test_writes_take_the_lanes_and_answer_as_grpc(ps, monkeypatch):
+    """Models made and dropped, vector ops, reduces and calls that write go on the lanes
+    (typed frames with their request ids) and leave what the same writes through gRPC
+    leave; with the lane off none of them touches it."""
+    from ps_server.shard import direct
+
+    sent: list[str] = []
+    send = direct.DirectLink.send
+
+    def spy(self, request, rpc="Call", request_id=""):
+        sent.append(rpc if rpc != "Call" or request_id else "plain Call")
+        return send(self, request, rpc, request_id)
+
+    monkeypatch.setattr(direct.DirectLink, "send", spy)
+    got = []
+    for lane in ("1", "0"):
+        monkeypatch.setenv("SPARK_PS_DIRECT", lane)
+        sent.clear()
+        client = ps.client
+        x = PSVector.dense(1001, context=ps)
+        y = PSVector.dense(1001, context=ps)
+        x.push(np.arange(1001), np.arange(1001.0))
+        y.fill(2.0)
+        x.axpy(-0.5, y)
+        client.push(y.spec, np.arange(1001), np.ones(1001), round=3, part=0)
+        client.reduce(y.spec, 3, op="add")
+        client.call("linalg.lincomb", [x.spec, x.spec, y.spec], {"coeffs": [2.0, 0.25]})
+        got.append((x.pull(), y.pull(), x.nrm2()))
+        x.drop()
+        y.drop()
+        if lane == "1":
+            assert {"CreateModel", "VectorOp", "Reduce", "Call", "DropModel"} <= set(sent), sent
+            assert "plain Call" not in sent
+        else:
+            assert sent == []
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], np.full(1001, 3.0))
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    assert got[0][2] == got[1][2]
+
+
+def test_a_lane_from_before_writes_gets_them_through_grpc(client, ps, monkeypatch):
+    """A shard whose lane predates typed writes refuses them unapplied (a new rpc code, or
+    a call that is not read-only): the client sends that write, and the shard's later
+    ones, through gRPC; its read-only calls stay on the lane."""
+    import ps_server.shard.direct as direct
+    from ps_server.wire import RequestError
+
+    seen: list[str] = []
+
+    def handle(request):  # the old lane: read-only calls through the shard, writes refused
+        seen.append(request.function)
+        if request.function != "rendezvous.gather":
+            raise RequestError(
+                "FAILED_PRECONDITION",
+                "shard 0: the direct lane serves only read-only functions on models whose "
+                "reads create no rows; call it through gRPC",
+            )
+        (meta, arrays), = client.call(
+            request.function, [], json.loads(request.args), [[from_array(request.arrays[0], "a")]],
+            shards=[0],
+        )  # fmt: skip
+        return pb.CallResponse(result=json.dumps(meta), arrays=[to_array(a) for a in arrays])
+
+    old_rpcs = {k: v for k, v in direct.RPCS.items() if k <= 3}
+    monkeypatch.setattr(direct, "RPCS", old_rpcs)  # parse_typed: codes 1-3, as before
+    old_lane = direct.DirectServer("127.0.0.1", ps.token, handle, 1 << 24, "old lane")
+    clients = [PSClient(ps.address, ps.token) for _ in range(2)]  # their own links
+    v = PSVector.dense(8, context=ps)
+    try:
+        address = clients[0].addresses[0]
+        for c in clients:
+            c._direct_ports[address] = old_lane.port  # as the old shard's Health says
+        # a write call: refused by the old lane's handler, then applied once through gRPC
+        clients[0].call("linalg.lincomb", [v.spec, v.spec], {"coeffs": [1.0]}, shards=[0])
+        clients[0].vector_op("fill", [v.spec], alpha=2.0)  # straight to gRPC now
+        assert address in clients[0]._read_lanes and seen == ["linalg.lincomb"]
+        # a vector op first: an unknown rpc code to the old lane, then gRPC
+        clients[1]._direct_ports[address] = old_lane.port
+        clients[1].vector_op("scale", [v.spec], alpha=3.0)
+        assert address in clients[1]._read_lanes and address not in clients[1]._plain_calls
+        topic = f"lane-{uuid.uuid4().hex[:8]}"
+        clients[1]._direct_ports[address] = old_lane.port  # (a refusal drops the port)
+        (meta, _), = clients[1].call(
+            "rendezvous.gather", [], _gather(topic, 0, 0, 1), [[np.ones(2)]], shards=[0],
+            direct=True,
+        )  # fmt: skip
+        assert meta == {"pending": False} and seen[-1] == "rendezvous.gather"  # on the lane
+        clients[1].call("rendezvous.drop", [], {"topic": topic})
+        np.testing.assert_array_equal(v.pull(), np.full(8, 6.0))
+    finally:
+        old_lane.close()
+        for c in clients:
+            c.close()

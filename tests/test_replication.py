@@ -160,6 +160,49 @@ def test_a_push_on_the_direct_lane_is_replicated_and_its_retry_applied_once(serv
     _assert_identical(c)
 
 
+def test_calls_vector_ops_and_reduces_on_the_lane_are_replicated_and_applied_once(service):
+    """Writes other than pushes travel the direct lane too (a server function that is not
+    read-only, a vector op, a reduce): the same replicated handler runs them, and a resend
+    with the same request id, on the lane or on gRPC, gets the first answer unapplied."""
+    from ps_server.shard.direct import Payload
+
+    _, c = service
+    x, y = _spec("r-lane-x", dim=1001), _spec("r-lane-y", dim=1001)
+    for s in (x, y):
+        c.create(s)
+    c.push(x, np.arange(1001), np.arange(1001.0))
+    c.push(y, np.arange(1001), np.ones(1001))
+    c.push(y, np.arange(1001), np.full(1001, 2.0), round=7, part=0)
+    c.refresh()
+    # x = x + y, x = x + 0.5 * y (axpy), y = 2 (the round's sum): none may run twice
+    lincomb = pb.CallRequest(
+        function="linalg.lincomb", models=[x.name, x.name, y.name], args='{"coeffs": [1.0, 1.0]}'
+    )
+    axpy = pb.VectorOpRequest(op="axpy", models=[y.name, x.name], alpha=0.5)
+    reduce = pb.ReduceRequest(model=y.name, round=7, op=pb.ADD, zero_first=True)
+    writes = [
+        (Payload(lincomb, arrays=[]), "Call", pb.CallResponse),
+        (axpy, "VectorOp", pb.Scalar),
+        (reduce, "Reduce", pb.Ack),
+    ]
+    for shard in range(2):
+        port = c.health()[shard].direct_port
+        link = DirectLink(c.addresses[shard].rsplit(":", 1)[0], port, TOKEN, timeout=30)
+        try:
+            for n, (request, rpc, answer) in enumerate(writes):
+                for _ in range(2):
+                    link.send(request, rpc, f"lane-write-{shard}-{n}")
+                    link.receive(answer)
+        finally:
+            link.close()
+        md = ((TOKEN_KEY, TOKEN), (REQUEST_ID_KEY, f"lane-write-{shard}-0"))
+        c.shards[shard].Call(lincomb, metadata=md, timeout=30)  # the retry through gRPC
+    expected = np.arange(1001.0) + 1.0 + 0.5
+    np.testing.assert_array_equal(c.pull(x, np.arange(1001)), expected)
+    np.testing.assert_array_equal(c.pull(y, np.arange(1001)), np.full(1001, 2.0))
+    _assert_identical(c)
+
+
 def test_a_backup_refuses_clients_and_bad_input_changes_no_replica(service):
     svc, c = service
     lost = svc.coordinator.counters.get("backup_lost", 0)

@@ -1,18 +1,20 @@
-"""The direct lane: pulls, pushes and read-only server-function calls on a plain TCP socket,
-beside gRPC.
+"""The direct lane: a shard's data-plane RPCs on a plain TCP socket, beside gRPC.
 
 Why: a GBT fit makes one blocking rendezvous call per worker and tree layer (600 for 100
 depth-6 trees), and on this project's 2-core VM a gRPC Python round trip costs 1.0 ms for
 8 bytes and 2.7 ms for a 400 KB echo, against 0.03 ms and 0.25 ms on a socket (measured
 side by side). The layer's work on the shard is ~0.5 ms, so gRPC was most of the wait. Bulk
 pulls and pushes pay gRPC's copies per byte: a 16 MB push spent ~20 ms in gRPC's transport
-against ~3 ms on the socket (``python -m bench.ps``).
+against ~3 ms on the socket (``python -m bench.ps``). An L-BFGS iteration's vector algebra
+(server functions, vector ops, reduces, vectors made and dropped) is a few such rounds too:
+1.5 ms each through gRPC against 0.4 ms on the lane, for a dot-product call (measured).
 
 What travels is the same protobuf messages as on gRPC, their big arrays aside, framed::
 
     Call      b"PSD1", u32 token length, token, u64 length, CallRequest
     typed     b"PSD3", u32 token length, token, u64 length,
-              u8 rpc (1 Pull, 2 Push, 3 Call), u16 request-id length, request id,
+              u8 rpc (1 Pull, 2 Push, 3 Call, 4 VectorOp, 5 Reduce, 6 CreateModel,
+              7 DropModel), u16 request-id length, request id,
               u32 request length, u8 arrays, the request, then per array:
               u8 field (1 keys, 2 values, 3 the call's next array), u64 length, zero
               bytes up to an 8-byte offset of the body, its raw bytes
@@ -29,15 +31,17 @@ socket buffers: the shard writing an answer, the client writing the next request
 two connections per shard in each thread: a call's next request to a shard travels on
 one while the shard applies the other's.
 
-The shard answers exactly as on gRPC: a push, or a pull that creates rows, runs the
-servicer's own handler, so it is replicated to the backup before it is acknowledged and
-remembered under its request id (a retry, on the lane or on gRPC, gets the first answer:
-``ps_server.shard.replica``); a pull that only reads makes the same checks and reads. A
-``Call`` is served only for functions that change no model state (those a module lists in
-``READ_ONLY``, no models): those need no replication and no request ids (a typed call
-frame's is empty), so a resent call is harmless; any other is refused. A frame with a bad
-token, over the request limit or not parseable gets an error and the connection is closed;
-a truncated one is dropped. Either way nothing was applied.
+The shard answers exactly as on gRPC: a typed frame that may write (a push, a pull that
+creates rows, a reduce, a vector op, a model made or dropped, a call of a function its
+module does not list in ``READ_ONLY``) runs the servicer's own handler, so it is replicated
+to the backup before it is acknowledged and remembered under its request id (a retry, on
+the lane or on gRPC, gets the first answer: ``ps_server.shard.replica``); a pull or call
+that only reads makes the same checks and reads. A plain call frame (``PSD1``, no request
+id) is served only for read-only functions on models whose reads create no rows; any other
+is refused. A frame with a bad token, over the request limit or not parseable gets an error
+and the connection is closed; a truncated one is dropped. Either way nothing was applied.
+A lane from before typed writes refuses them (``OLD_LANE_REFUSALS``) and applies nothing;
+its clients send those through gRPC.
 
 A connection must authenticate with its first frame within ``SPARK_PS_HANDSHAKE_TIMEOUT``
 seconds (default 10), and at most ``MAX_PENDING`` connections may be waiting to do so; more
@@ -76,6 +80,7 @@ __all__ = [
     "MAGIC",
     "TYPED",
     "RPCS",
+    "OLD_LANE_REFUSALS",
     "enabled",
 ]
 
@@ -88,7 +93,14 @@ RPCS: dict[int, tuple[str, type[Message], type[Message]]] = {
     1: ("Pull", pb.PullRequest, pb.PullResponse),
     2: ("Push", pb.PushRequest, pb.Ack),
     3: ("Call", pb.CallRequest, pb.CallResponse),
+    4: ("VectorOp", pb.VectorOpRequest, pb.Scalar),
+    5: ("Reduce", pb.ReduceRequest, pb.Ack),
+    6: ("CreateModel", pb.CreateModelRequest, pb.ModelInfo),
+    7: ("DropModel", pb.ModelRef, pb.Ack),
 }
+#: What a lane from before lane writes answers to one (a new rpc code, or a call that is
+#: not read-only): a client then sends that shard's writes through gRPC.
+OLD_LANE_REFUSALS = ("unknown rpc code", "serves only read-only functions")
 _CODES = {name: code for code, (name, _, _) in RPCS.items()}
 _HEAD = struct.Struct("<4sI")  # magic, token length
 _TYPED = struct.Struct("<BH")  # rpc code, request-id length
@@ -98,7 +110,10 @@ _ALIGN = 8
 #: The request fields that may travel as raw arrays: code -> name, and per rpc.
 FIELDS = {1: "keys", 2: "values", 3: "arrays"}
 _FIELD_CODES = {name: code for code, name in FIELDS.items()}
-_RAW_FIELDS = {"Pull": ("keys",), "Push": ("keys", "values"), "Call": ("arrays",)}
+_RAW_FIELDS = {
+    "Pull": ("keys",), "Push": ("keys", "values"), "Call": ("arrays",),
+    "VectorOp": (), "Reduce": (), "CreateModel": (), "DropModel": (),
+}  # fmt: skip
 #: Repeated fields: each raw array of one fills the next entry, in order.
 _REPEATED = ("arrays",)
 _LEN = struct.Struct("<Q")
@@ -262,10 +277,10 @@ class DirectServer:
             self._refuse(conn, "INVALID_ARGUMENT", f"this lane serves no {rpc}")
             return False
         try:
-            if rpc != "Call":
-                answer = self._serve_rpc(rpc, request, rid)
+            if rpc == "Call" and (not typed or self._serve_rpc is None):
+                answer = self._handle(request)  # a plain frame: read-only calls only
             else:
-                answer = self._handle(request)
+                answer = self._serve_rpc(rpc, request, rid)
         except RequestError as e:
             return self._error(conn, e.code, str(e))
         except MemoryError:

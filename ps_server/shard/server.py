@@ -257,14 +257,11 @@ class ShardServicer(pb_grpc.ShardServicer):
         return self._call(request)
 
     def direct_call(self, request: pb.CallRequest) -> pb.CallResponse:
-        """A ``Call`` from the direct lane (:mod:`ps_server.shard.direct`): the same answer, for
-        functions that change no model state only (nothing to replicate or deduplicate):
-        a module's READ_ONLY functions, on models whose reads create no rows."""
-        if self.replica is not None:
-            self.replica.check_serving()
-        _server_function(request.function)  # an unknown name is NOT_FOUND, as on gRPC
-        creates = [n for n in request.models if _creates_on_pull(self, n)]
-        if creates or _call_writes(self, request):
+        """A plain ``Call`` frame from the direct lane (:mod:`ps_server.shard.direct`), which
+        carries no request id: the same answer, for functions that change no model state
+        only (nothing to replicate or deduplicate): a module's READ_ONLY functions, on
+        models whose reads create no rows."""
+        if not self._reads_only(request):
             raise RequestError(
                 "FAILED_PRECONDITION",
                 f"shard {self.index}: the direct lane serves only read-only functions on "
@@ -272,10 +269,20 @@ class ShardServicer(pb_grpc.ShardServicer):
             )
         return self._call(request)
 
+    def _reads_only(self, request: pb.CallRequest) -> bool:
+        """Whether a call changes no state (checked as a read is: a backup refuses it, an
+        unknown function is NOT_FOUND, as on gRPC)."""
+        if self.replica is not None:
+            self.replica.check_serving()
+        _server_function(request.function)
+        creates = any(_creates_on_pull(self, n) for n in request.models)
+        return not creates and not _call_writes(self, request)
+
     def direct_rpc(self, rpc: str, request, request_id: str):
-        """A ``Pull`` or ``Push`` from the direct lane: the gRPC handler itself runs it (the
-        same checks, replication and remembered answers under `request_id`); a pull that
-        changes nothing answers its arrays raw (:class:`Payload`), as the same reads."""
+        """A typed frame from the direct lane (:data:`ps_server.shard.direct.RPCS`): the
+        gRPC handler itself runs what may write (the same checks, replication and
+        remembered answers under `request_id`); a pull that changes nothing answers its
+        arrays raw (:class:`Payload`), and a read-only call runs as on gRPC."""
         t, ok = time.perf_counter(), False
         try:
             if rpc == "Pull" and not _pull_creates_rows(self, request):  # a read: raw answer
@@ -284,12 +291,14 @@ class ShardServicer(pb_grpc.ShardServicer):
                 keys, values = self._pull(request)
                 arrays = {"values": values} if keys is None else {"values": values, "keys": keys}
                 answer = Payload(pb.PullResponse(), **arrays)
+            elif rpc == "Call" and self._reads_only(request):
+                answer = self._call(request)
             else:
                 answer = getattr(self, rpc)(request, _LaneContext(request_id))
             ok = True
             return answer
         finally:
-            STATS.record(rpc, time.perf_counter() - t, ok, request.model)
+            STATS.record(rpc, time.perf_counter() - t, ok, getattr(request, "model", ""))
 
     def _call(self, request: pb.CallRequest) -> pb.CallResponse:
         fn = _server_function(request.function)

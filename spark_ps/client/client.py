@@ -32,7 +32,7 @@ from ps_server.keys import is_strictly_increasing, validate_keys
 from ps_server.proto import ps_pb2 as pb
 from ps_server.proto import ps_pb2_grpc as pb_grpc
 from ps_server.shard import direct as direct_lane
-from ps_server.shard.direct import DirectError, DirectLink, Payload
+from ps_server.shard.direct import OLD_LANE_REFUSALS, DirectError, DirectLink, Payload
 from ps_server.shard.replica import REQUEST_ID_KEY
 from ps_server.timeouts import (
     DEADLINE_MARGIN_SECONDS,
@@ -107,13 +107,24 @@ class _DirectCall:
     send twice, and a replicated write is answered once (its primary remembers the id)."""
 
     def __init__(
-        self, client: PSClient, shard: int, link: DirectLink, request, rpc, md, fallback, later
+        self,
+        client: PSClient,
+        shard: int,
+        link: DirectLink,
+        request,
+        rpc,
+        md,
+        fallback,
+        later,
+        writes: bool = False,
     ):
         self._client, self._shard, self._link = client, shard, link
         self._fallback, self._sent = fallback, False
         self._refused: DirectError | None = None  # the shard's answer to a broken send
         self._answer = pb.CallResponse if rpc == "Call" else _LANE_ANSWERS[rpc]
-        self._raw_call = rpc == "Call" and isinstance(request, Payload)
+        self._call = rpc == "Call"
+        #: a frame an older lane may refuse unapplied: a raw-array call, or a write
+        self._new_frame = writes or (rpc == "Call" and isinstance(request, Payload))
         self._request = (request, rpc, next((v for k, v in md if k == REQUEST_ID_KEY), ""))
         #: the call to send on this connection once this one's answer is read
         self.then: _DirectCall | None = None
@@ -150,9 +161,14 @@ class _DirectCall:
                     # after an error answer the shard may have closed the connection (it
                     # does when it refused the frame unread): not to be reused
                     self._client._drop_link(self._shard, self._link)
-                    if self._raw_call and "unknown rpc code" in str(e):
-                        # a shard from before raw-array calls: gRPC now, plain frames next
-                        self._client._plain_calls.add(self._client.addresses[self._shard])
+                    if self._new_frame and any(t in str(e) for t in OLD_LANE_REFUSALS):
+                        # an older shard refused the frame unapplied: gRPC now, and its
+                        # writes through gRPC from now on (plain call frames too if it
+                        # predates raw-array calls)
+                        address = self._client.addresses[self._shard]
+                        self._client._read_lanes.add(address)
+                        if self._call and "unknown rpc code" in str(e):
+                            self._client._plain_calls.add(address)
                     elif e.code is not None:
                         raise _DirectRpcError(e.code, str(e)) from None
             elif self._refused is not None:  # refused unread (over the limit): no retry
@@ -168,9 +184,11 @@ class _DirectCall:
         return self._fallback().result()
 
 
-#: RPCs that always take a shard's direct lane when it has one (and their answers' types):
-#: pulls and pushes. A call takes one only with ``direct``.
+#: RPCs that always take a shard's direct lane when it has one (and their answers' types).
+#: A call takes one too: with ``direct`` (read-only) as a plain frame, else as a write.
 _LANE_ANSWERS = {name: answer for name, _, answer in direct_lane.RPCS.values() if name != "Call"}
+#: Lane RPCs a lane from before typed writes refuses (a call that may write as well).
+_LANE_WRITES = frozenset(_LANE_ANSWERS) - {"Pull", "Push"}
 #: Connections a thread keeps to each shard's lane: a call of several requests to a shard
 #: sends the next on the other connection while the shard applies one (the wire and the
 #: apply overlap instead of taking turns).
@@ -216,6 +234,8 @@ class PSClient:
         self._direct_ports: dict[str, int] = {}  # shard address -> direct lane port (0: none)
         #: shard addresses whose lanes predate raw-array calls (they get plain call frames)
         self._plain_calls: set[str] = set()
+        #: shard addresses whose lanes predate typed writes (those go through gRPC)
+        self._read_lanes: set[str] = set()
         # per thread: shard address -> DirectLink ("links"; "spares": the second connection)
         self._links = threading.local()
         self.coordinator = pb_grpc.CoordinatorStub(self._channel(address))
@@ -356,13 +376,13 @@ class PSClient:
     ):
         """(index, future-like) per pending request. One request is a plain blocking call:
         a future costs a hand-off to gRPC's polling thread (~0.5 ms per call, measured).
-        Pulls, pushes and, with `direct`, calls go to shards' direct lanes where they have
+        The RPCs of `_LANE_ANSWERS` and calls go to shards' direct lanes where they have
         one (see `_DirectCall`); ``lanes=False``: gRPC whatever the call."""
-        lane = lanes and (rpc in _LANE_ANSWERS or (direct and rpc == "Call"))
+        lane = lanes and (rpc in _LANE_ANSWERS or rpc == "Call")
         if lane and not self.tls_ca and direct_lane.enabled():
             out: list = []
             try:
-                return self._send_lanes(rpc, requests, mds, pending, out)
+                return self._send_lanes(rpc, requests, mds, pending, out, direct)
             except BaseException:
                 for _, call in out:  # sent ones: their answers would be read as another's
                     if isinstance(call, _DirectCall):
@@ -382,18 +402,27 @@ class PSClient:
             for i in pending
         ]
 
-    def _send_lanes(self, rpc: str, requests, mds, pending: list[int], out: list) -> list:
+    def _send_lanes(
+        self, rpc: str, requests, mds, pending: list[int], out: list, direct: bool
+    ) -> list:
         """`_send` on the lanes: each request's (index, call) goes into `out` as it is
-        made, so that the caller can abandon the ones sent if a later one raises."""
+        made, so that the caller can abandon the ones sent if a later one raises. A call
+        that may write travels as a typed frame (a :class:`Payload`, see `call`), with its
+        request id; gRPC carries it, and every write, to a shard whose lane predates them."""
         count: dict = {}
         last: dict = {}
+        writes = rpc in _LANE_WRITES or (rpc == "Call" and not direct)
         for i in pending:
             shard, request = requests[i]
             # A shard's requests alternate over LANES_PER_SHARD connections, so that the
             # next one travels while the shard applies this one.
             nth = count[shard] = count.get(shard, -1) + 1
             which = nth % LANES_PER_SHARD
-            link = self._link(shard, which)
+            by_grpc = writes and (
+                self.addresses[shard] in self._read_lanes
+                or (rpc == "Call" and not isinstance(request, Payload))  # arrays not raw
+            )
+            link = None if by_grpc else self._link(shard, which)
             # the request's own way when the lane cannot carry it: gRPC, never a lane
             # connection (another request of this call may be in flight on it)
             grpc_call = functools.partial(self._send, rpc, requests, mds, [i], lanes=False)
@@ -407,7 +436,7 @@ class PSClient:
                 before = last.get((shard, which))
                 fallback = lambda g=grpc_call: g()[0][1]  # noqa: E731
                 call = _DirectCall(
-                    self, shard, link, request, rpc, mds[i], fallback, before is not None
+                    self, shard, link, request, rpc, mds[i], fallback, before is not None, writes
                 )
                 if before is not None:
                     before.then = call
@@ -745,7 +774,9 @@ class PSClient:
     ) -> list[tuple[dict, list[np.ndarray]]]:
         """Run server function `function` on every shard (or on `shards`, in that order);
         arrays[i] go to the i-th of them. `direct`: the function changes no model state
-        (it is in its module's READ_ONLY) and may go through the shards' direct lanes."""
+        (it is in its module's READ_ONLY), so it needs no request id: a plain frame on the
+        shards' direct lanes. Any other call takes a lane with its request id, replicated
+        and answered once as on gRPC (arrays the lane cannot carry raw: gRPC)."""
         if shards is None:
             shards = list(range(specs[0].num_shards if specs else self.num_shards))
         for i, s in enumerate(shards) if arrays else ():  # Call requests are not chunked
@@ -760,6 +791,8 @@ class PSClient:
             )
             if direct and raw and self.addresses[shard] not in self._plain_calls:
                 return Payload(req, arrays=given)  # raw on a lane; else the shard names it
+            if not direct and (raw or not given):  # may write: a typed frame on a lane
+                return Payload(req, arrays=given)
             req.arrays.extend(to_array(a) for a in given)
             return req
 
