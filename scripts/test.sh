@@ -11,10 +11,11 @@ export SPARK_HOME="$PWD/.spark_home" PYSPARK_PYTHON="$PWD/.venv/bin/python"
 # The docs: the HTML site with warnings as errors, and the user guide's examples as doctests.
 bash scripts/docs.sh
 .venv/bin/python -m pytest -q -m "not slow" --durations=15 "$@"
-# The compiled kernels built for a baseline x86-64 CPU (no AVX/FMA): results that GBT
-# promises to be deterministic must not depend on the features of the CPU that runs them.
+# The compiled kernels built for a baseline x86-64 CPU (no AVX/FMA): results that GBT and
+# the solvers' vector combinations promise bit for bit must not depend on the CPU's features.
 NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR="$(mktemp -d)" .venv/bin/python -m pytest -q \
-  tests/test_tree_kernels.py tests/test_split_kernel.py tests/test_gbt_fit.py "$@"
+  tests/test_tree_kernels.py tests/test_split_kernel.py tests/test_gbt_fit.py \
+  tests/test_linalg_kernel.py "$@"
 # The wheel, installed alone into a fresh venv (no Gradle, no checkout), fits and exports.
 bash scripts/wheel_check.sh
 .venv/bin/python -m pytest -q -m slow --durations=25 "$@"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ps_server.functions import linalg_jit
 from ps_server.wire import RequestError
 
-__all__ = ["SERVER_FUNCTIONS"]
+__all__ = ["SERVER_FUNCTIONS", "warm_up"]
 
 
 def _colocated(tensors) -> list[np.ndarray]:
@@ -36,7 +37,13 @@ def _combine(out: np.ndarray, terms: list[tuple[float, np.ndarray]]) -> None:
     a second pass over it; an L-BFGS direction of 21 terms over 556k entries took 24 ms,
     blocked 15 ms (measured). Each entry gets the operations of ``acc = c0 * v0; acc +=
     c * v ...; out[...] = acc`` in the same order and dtypes, so the result is the same
-    bit for bit."""
+    bit for bit. Float64 vectors take the compiled kernel (:mod:`linalg_jit`: the same
+    operations, one pass over each block of each term), others these numpy calls."""
+    jit = linalg_jit.kernel()
+    vecs = [v for _, v in terms]
+    if jit is not None and all(_flat64(v) for v in (out, *vecs)):
+        jit(out, np.array([c for c, _ in terms], dtype=np.float64), vecs)
+        return
     n = out.shape[0]
     size = min(_BLOCK, n)
     acc = np.empty(size, dtype=np.result_type(terms[0][1].dtype, 1.0))  # c0 * v0's dtype
@@ -51,6 +58,16 @@ def _combine(out: np.ndarray, terms: list[tuple[float, np.ndarray]]) -> None:
             np.multiply(v[lo:hi], c, out=t)
             a += t
         out[lo:hi] = a
+
+
+def _flat64(v: np.ndarray) -> bool:
+    return v.dtype == np.float64 and v.ndim == 1 and v.flags.c_contiguous
+
+
+def warm_up() -> None:
+    """Load the compiled combination from numba's cache (else paid by a fit's first
+    direction)."""
+    _combine(np.zeros(2), [(1.0, np.ones(2)), (2.0, np.ones(2))])
 
 
 def dots(tensors, args: dict, arrays: list[np.ndarray]):

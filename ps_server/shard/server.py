@@ -512,12 +512,14 @@ def checkpoint_roots(host: str, checkpoint_dir: str) -> list[str] | None:
 
 
 def warm_up() -> None:
-    """Load the compiled passes a shard's requests run: its stores' key passes and the GBT
-    split search (0.2-0.5 s each in a fresh process, measured, else paid by a request)."""
-    from ps_server.functions import gbt
+    """Load the compiled passes a shard's requests run: its stores' key passes, the GBT
+    split search and the solvers' linear combinations (0.2-0.5 s each in a fresh process,
+    measured, else paid by a request)."""
+    from ps_server.functions import gbt, linalg
 
     storage.warm_up()
     gbt.warm_up()
+    linalg.warm_up()
 
 
 def main(argv: list[str] | None = None) -> None:
