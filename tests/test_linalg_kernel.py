@@ -77,3 +77,24 @@ def test_the_server_function_takes_the_kernel_and_numpy_for_other_dtypes():
         linalg._combine(out, list(zip(coeffs, vecs, strict=True)))
         want = _reference(list(zip(coeffs, vecs, strict=True))).astype(dtype)
         np.testing.assert_array_equal(out, want)
+
+
+C = linalg.DOT_CHUNK
+
+
+@pytest.mark.parametrize("n", [0, 1, C, C + 1, 3 * C + 7])
+def test_pair_dots_sum_np_dot_chunk_by_chunk_whatever_else_is_asked(n):
+    """A pair's dot is its chunks' np.dot added in order (np.dot's own value within one
+    chunk), and the same whether it is asked alone or with other pairs."""
+    rng = np.random.default_rng(n)
+    vecs = [rng.normal(size=n) * 10.0 ** rng.integers(-6, 6) for _ in range(5)]
+    pairs = [(0, 1), (2, 2), (4, 0), (3, 1)]
+    got = linalg.pair_dots(vecs, pairs)
+    for (i, j), value in zip(pairs, got, strict=True):
+        want = float(np.dot(vecs[i][:C], vecs[j][:C]))
+        for lo in range(C, n, C):
+            want += float(np.dot(vecs[i][lo : lo + C], vecs[j][lo : lo + C]))
+        assert value == want
+        assert linalg.pair_dots(vecs, [(i, j)]) == [value]
+        if n <= C:
+            assert value == float(np.dot(vecs[i], vecs[j]))

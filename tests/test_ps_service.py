@@ -45,6 +45,26 @@ def test_dense_vector_ops_run_on_servers_and_match_numpy(ps):
     np.testing.assert_array_equal(z.pull(), np.full(dim, 2.0))
 
 
+def test_every_dot_product_of_a_pair_has_the_same_bits(ps):
+    """A vector op's dot and nrm2, linalg.dots and lincombs_dots give a pair the same
+    value bit for bit on vectors of several dot chunks per shard (the solver mixes them)."""
+    from ps_server.functions.linalg import DOT_CHUNK
+    from spark_ps.ml.lr.ps_space import PSVecSpace
+
+    rng = np.random.default_rng(7)
+    dim = 5 * DOT_CHUNK + 11  # over two chunks on each of two shards
+    space = PSVecSpace(ps, dim, prefix="dotbits")
+    a, b, c = (space.new(n) for n in "abc")
+    for v in (a, b):
+        v.update(np.arange(dim), rng.normal(size=dim) * 1e3)
+    dots = space.dots([(a, b), (b, b), (a, a)])
+    assert dots[0] == a.dot(b) == space.dots([(a, b)])[0]
+    assert np.sqrt(dots[1]) == b.nrm2()
+    fused = space.lincombs_dots([(c, [(1.0, a)])], [(b, a), (c, b)])
+    assert fused == [dots[0], dots[0]]
+    space.release_all()
+
+
 def test_fused_solver_calls_match_the_separate_ops(ps):
     """linalg.dots with picked values and linalg.lincombs_dots: one request per shard, the
     same numbers as pull/dot and lincomb-then-dots."""

@@ -13,7 +13,7 @@ import numpy as np
 from ps_server.functions import linalg_jit
 from ps_server.wire import RequestError
 
-__all__ = ["SERVER_FUNCTIONS", "warm_up"]
+__all__ = ["SERVER_FUNCTIONS", "pair_dots", "warm_up"]
 
 
 def _colocated(tensors) -> list[np.ndarray]:
@@ -60,6 +60,27 @@ def _combine(out: np.ndarray, terms: list[tuple[float, np.ndarray]]) -> None:
         out[lo:hi] = a
 
 
+#: Entries a dot product sums at a time (256 KB of float64 per vector), see `pair_dots`.
+DOT_CHUNK = 32768
+
+
+def pair_dots(vecs: list[np.ndarray], pairs) -> list[float]:
+    """``vecs[i] . vecs[j]`` for each ``(i, j)`` of `pairs`, a chunk of every pair at a
+    time: a vector's chunk is read from memory once and stays in cache for every pair it
+    is in, where whole-vector dots streamed it once per pair (an L-BFGS request's ~60 dots
+    of 556k entries, both shards at once: 20-21 -> 14.5-14.7 ms, measured). A pair's value
+    is its chunks' ``np.dot``, added in chunk order: it depends on the pair only, not on the
+    pairs asked with it (the solver caches dots across requests), and it is ``np.dot``'s
+    own for vectors of at most one chunk."""
+    n = vecs[0].shape[0] if vecs else 0
+    out = [float(np.dot(vecs[i][:DOT_CHUNK], vecs[j][:DOT_CHUNK])) for i, j in pairs]
+    for lo in range(DOT_CHUNK, n, DOT_CHUNK):
+        part = [v[lo : lo + DOT_CHUNK] for v in vecs]
+        for p, (i, j) in enumerate(pairs):
+            out[p] += float(np.dot(part[i], part[j]))
+    return out
+
+
 def _flat64(v: np.ndarray) -> bool:
     return v.dtype == np.float64 and v.ndim == 1 and v.flags.c_contiguous
 
@@ -75,8 +96,7 @@ def dots(tensors, args: dict, arrays: list[np.ndarray]):
     the values at `args["pick"]` ([model, key] pairs; 0 from shards not owning the key),
     so that the caller's sum over shards is each value exactly."""
     vecs = _colocated(tensors)
-    pairs = args["pairs"]
-    out = [np.dot(vecs[i], vecs[j]) for i, j in pairs]
+    out = pair_dots(vecs, args["pairs"])
     for i, key in args.get("pick", []):
         spec = tensors[i].spec
         if not 0 <= int(key) < spec.dim:
@@ -109,8 +129,7 @@ def lincombs_dots(tensors, args: dict, arrays: list[np.ndarray]):
         if not terms or not all(0 <= int(i) < n for i in [out, *(t[1] for t in terms)]):
             raise RequestError("INVALID_ARGUMENT", f"lincombs_dots: bad combination {out, terms}")
         _combine(vecs[int(out)], [(float(c), vecs[int(i)]) for c, i in terms])
-    out = [np.dot(vecs[i], vecs[j]) for i, j in args["pairs"]]
-    return {}, [np.array(out, dtype=np.float64)]
+    return {}, [np.array(pair_dots(vecs, args["pairs"]), dtype=np.float64)]
 
 
 def _columns(tensors) -> tuple[list[np.ndarray], int]:

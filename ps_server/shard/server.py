@@ -415,10 +415,10 @@ def vector_op(request: pb.VectorOpRequest, tensors: list[Tensor]) -> float:
         arrs[0] *= a
     elif op == "fill":
         arrs[0][...] = a
-    elif op == "dot":
-        return float(np.dot(arrs[0], arrs[1]))
-    elif op == "nrm2":
-        return float(np.dot(arrs[0], arrs[0]))
+    elif op in ("dot", "nrm2"):  # the bits linalg's dot products give the same pair
+        from ps_server.functions.linalg import pair_dots
+
+        return pair_dots(arrs, [(0, len(arrs) - 1)])[0]
     elif op == "sum":
         return float(arrs[0].sum())
     else:
