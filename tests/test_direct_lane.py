@@ -713,3 +713,4 @@ def test_a_lane_from_before_writes_gets_them_through_grpc(client, ps, monkeypatc
         old_lane.close()
         for c in clients:
             c.close()
+        v.drop()
