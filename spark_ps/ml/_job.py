@@ -685,8 +685,13 @@ def task_slots(sc) -> int:
     Not Spark's live count of free slots (``maxNumConcurrentTasks``): while a lost
     executor is replaced that count drops, and a fit started then would be refused
     (measured: the chaos soak's FTRL fits after executor kills). Executors whose cores do
-    not divide by ``spark.task.cpus`` hold fewer slots than this; set ``numWorkers`` there."""
-    return slots_by_division(sc.defaultParallelism, sc.getConf().get("spark.task.cpus", "1"))
+    not divide by ``spark.task.cpus`` hold fewer slots than this; set ``numWorkers`` there.
+
+    ``spark.task.cpus`` is fixed when the application starts, so it is read from the
+    context's own conf (one JVM call) rather than ``getConf()``, which copies every setting
+    through py4j (6-12 ms of each fit, measured)."""
+    conf = getattr(sc, "_conf", None) or sc.getConf()
+    return slots_by_division(sc.defaultParallelism, conf.get("spark.task.cpus", "1"))
 
 
 def slots_by_division(cores: int, task_cpus) -> int:
