@@ -778,3 +778,19 @@ def test_solver_requests_per_iteration(l1: bool) -> None:
     else:
         # per iteration at most: s, y and the pseudo-gradient against a basis of 2m + 1
         assert space.dots_asked <= res.n_iter * (3 * (2 * m + 1) + 3)
+
+
+def test_dense_coefficients_come_from_zeros_made_on_a_thread() -> None:
+    """A dense-output fit's coefficients: the touched keys' values in zeros made while the
+    solver ran, of the shape asked for (a fresh array if the shapes differ); once."""
+    from spark_ps.ml.lr.distributed import Zeros, _KeySpace, _result
+
+    ks = _KeySpace(keyset=None, size=3, num_features=10, dense_output=True)
+    zeros = Zeros(10)
+    out = _result(ks, np.array([1, 4, 9]), np.array([0.5, -2.0, 3.0]), 0.25, [1.0], 1, zeros)
+    expected = np.zeros(10)
+    expected[[1, 4, 9]] = [0.5, -2.0, 3.0]
+    assert np.array_equal(out.coefficients, expected) and out.intercept == 0.25
+    assert np.array_equal(Zeros(2, 3).take(2, 3), np.zeros((2, 3)))
+    other = Zeros(4)
+    assert other.take(5).shape == (5,) and not other.take(4).any()  # taken once: made anew

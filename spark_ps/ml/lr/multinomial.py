@@ -26,6 +26,7 @@ from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.lr.bounded import BOUND_PARAMS, box_of
 from spark_ps.ml.lr.distributed import (
+    Zeros,
     _key_space,
     _KeySpace,
     _Phases,
@@ -233,6 +234,7 @@ def _solve(
     timed_evaluate, progress = _timed(fit.objective(vecs), stamps, phases, bar)
 
     box = built.get("box")
+    zeros = Zeros(ks.num_features, K) if ks.dense_output else None
     try:  # a failed attempt ends its curve too
         res = solve(space, timed_evaluate, x, box, params, vecs.l1_weight, progress,
                     lambda: _resume_hooks(recovery, space, stamps, resume), stamps)  # fmt: skip
@@ -253,19 +255,23 @@ def _solve(
         fit_intercept=fit_intercept,
         bounded=box is not None,
     )
-    result = _result(ks, keys, coef, intercepts, list(res.objective_history), res.n_iter)
+    history = list(res.objective_history)
+    result = _result(ks, keys, coef, intercepts, history, res.n_iter, zeros)
     result.iteration_timestamps = list(stamps)
     phases.mark("coefficients")
     result.phases = dict(phases.seconds)
     return result
 
 
-def _result(ks: _KeySpace, keys, coef, intercepts, history, iters) -> TrainResult:
+def _result(
+    ks: _KeySpace, keys, coef, intercepts, history, iters, zeros: Zeros | None = None
+) -> TrainResult:
     """Dense ``[numFeatures, K]`` rows for small vector input (MLlib's dense matrix), else
     the rows of the keys with a non-zero coefficient."""
     K = coef.shape[1]
     if ks.dense_output:
-        dense = np.zeros((ks.num_features, K))
+        shape = (ks.num_features, K)
+        dense = zeros.take(*shape) if zeros is not None else np.zeros(shape)
         dense[keys] = coef
         return TrainResult(dense, intercepts, history, iters, num_classes=K)
     nz = np.any(coef != 0.0, axis=1)
