@@ -30,7 +30,14 @@ from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery
 from spark_ps.ml.base import PreparedData
 from spark_ps.ml.linear.rounds import HANDLERS, LABEL_STATS
-from spark_ps.ml.lr.distributed import _key_space, _KeySpace, _release, _result, _resume_hooks
+from spark_ps.ml.lr.distributed import (
+    Zeros,
+    _key_space,
+    _KeySpace,
+    _release,
+    _result,
+    _resume_hooks,
+)
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
 from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
 from spark_ps.ml.lr.ps_space import PSVecSpace
@@ -244,12 +251,13 @@ class _Solve:
         if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
             x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
         evaluate = self._objective(vecs, centered, y_mean, y_std)
+        zeros = Zeros(self.ks.num_features) if self.ks.dense_output else None
         if _normal_equations(p, int(self.ks.num_features)):
             # MLlib's closed form: the same optimum, reached here by iterating to convergence
             res = minimize_lbfgs(
                 space, evaluate, x, max_iter=10_000, tol=1e-13, m=10, l1=l1, **hooks
             )
-            fit = self._result(res, vecs, centered, mean, y_mean, y_std)
+            fit = self._result(res, vecs, centered, mean, y_mean, y_std, zeros)
             fit.objective_history, fit.total_iterations = [0.0], 0
             fit.diag_inv_atwa = self._diag_inv_atwa()
             return fit
@@ -269,7 +277,7 @@ class _Solve:
             )
         finally:
             bar.close()
-        return self._result(res, vecs, centered, mean, y_mean, y_std)
+        return self._result(res, vecs, centered, mean, y_mean, y_std, zeros)
 
     def _diag_inv_atwa(self) -> list[float]:
         """MLlib's ``diagInvAtWA`` of a normal-equations fit: the diagonal of the inverse of
@@ -373,7 +381,9 @@ class _Solve:
 
         return evaluate
 
-    def _result(self, res, vecs, centered, mean, y_mean: float, y_std: float) -> LinearFit:
+    def _result(
+        self, res, vecs, centered, mean, y_mean: float, y_std: float, zeros: Zeros | None
+    ) -> LinearFit:
         p, space = self.p, self.space
         coef_h = space.new("coefficients")
         space.apply("multiply", coef_h, res.x, vecs.inv_std)  # standardized -> original
@@ -388,7 +398,8 @@ class _Solve:
                 scale = math.exp(t)
         keys, ids = self.ks.touched()
         coef = coef_h.pull(ids) if keys.size else np.zeros(0)
-        tr = _result(self.ks, keys, coef, intercept, list(res.objective_history), res.n_iter)
+        history = list(res.objective_history)
+        tr = _result(self.ks, keys, coef, intercept, history, res.n_iter, zeros)
         return LinearFit(
             tr.coefficients,
             tr.intercept,

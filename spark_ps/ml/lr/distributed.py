@@ -512,9 +512,10 @@ class Zeros:
 
     The driver faults a fresh array's pages in as it first writes them: at 2^24 features
     128 MB, which took 0.23-0.37 s of each fit's coefficients phase on this project's test
-    machine (a VM), where the same touch takes ~0.06 s in a fresh process. Allocated and
-    touched on a thread while the driver waits on the evaluations, the phase took
-    0.02-0.08 s (measured, 2^24 LR on 1M rows)."""
+    machine (a VM), where the same touch takes 0.06-0.15 s in a fresh process. Allocated
+    and touched on a thread while the driver waits on the evaluations, the phase took
+    0.02-0.05 s (measured, 2^24 LR on 1M rows). The LR (binomial and multinomial),
+    LinearRegression and LinearSVC fits with dense coefficients use it."""
 
     def __init__(self, *shape: int) -> None:
         self._out: np.ndarray | None = None
