@@ -55,6 +55,22 @@ def test_histograms_unit_weight_and_empty():
     np.testing.assert_array_equal(got, H._numpy_histograms(bins, slot, stats, 1, 4, unit))
 
 
+def test_histograms_of_any_layout_equal_and_name_a_bad_bin():
+    """C-ordered, Fortran-ordered (read in place) and strided bins (copied) give the same
+    sums; a bad bin is named by its feature whatever the layout."""
+    rng = np.random.default_rng(3)
+    wide = rng.integers(0, 16, (3000, 10)).astype(np.uint8)
+    slot = rng.integers(-1, 3, 3000).astype(np.int32)
+    stats = rng.integers(0, 1 << 20, (3, 3000))
+    want = H.build_histograms(np.ascontiguousarray(wide[:, ::2]), slot, stats, 3, 16)
+    for bins in (np.asfortranarray(wide[:, ::2]), wide[:, ::2]):
+        np.testing.assert_array_equal(H.build_histograms(bins, slot, stats, 3, 16), want)
+    bad = np.asfortranarray(wide[:, ::2])
+    bad[np.flatnonzero(slot >= 0)[5], 3] = 200
+    with pytest.raises(ValueError, match="feature 3 has bin 200 >= n_bins=16"):
+        H.build_histograms(bad, slot, stats, 3, 16)
+
+
 def test_histograms_refuse_bin_out_of_range():
     bins = np.zeros((10, 3), np.uint8)
     bins[4, 2] = 9
