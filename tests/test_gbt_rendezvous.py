@@ -110,6 +110,39 @@ def test_layer_splits_sum_parts_exactly_and_derive_siblings(ps):
     ps.client.call("rendezvous.drop", [], {"topic": topic})
 
 
+def test_a_gather_rides_on_a_layer_call_and_every_part_must_send_its_row(ps):
+    """The root's call carries a worker's per-tree gather: every part gets the splits and
+    every part's row in partition order, the same again on a retry; a part without a row
+    (or of another size) refuses the step by name, and a row of another dtype is refused."""
+    rng = np.random.default_rng(2)
+    topic, f, n_bins = _topic(), 4, 8
+    kw = {"min_instances_per_node": 1, "min_info_gain": 0.0, "min_weight_per_node": 0.0}
+    kw["scale"] = [0.0, 0, 10]
+    hists = [_hist(rng, 1, f, n_bins) for _ in range(2)]
+    rows = [np.array([-1.0, 2.0, 3.5]), np.array([-0.5, 4.0, 1.25])]
+
+    def call(step, part, arrays, wait=10.0):
+        args = {"topic": topic, "step": step, "part": part, "n_parts": 2, "wait": wait}
+        args.update(n_slots=1, n_bins=n_bins, split_kw=kw)
+        ((meta, out),) = ps.client.call("gbt_layer.splits", [], args, [arrays], shards=[0])
+        return meta, out
+
+    got = _in_threads(lambda i: call(0, i, [hists[i], np.array([0]), rows[i]]), 2)
+    want = best_splits(hists[0] + hists[1], 0, **{**kw, "scale": (0.0, 0, 10)})
+    for meta, out in got:
+        assert meta == {"pending": False} and decode_splits(out[0]).tobytes() == want.tobytes()
+        np.testing.assert_array_equal(out[1], np.stack(rows))
+    _, again = call(0, 1, [hists[1], np.array([0]), rows[0] * 9])  # a retried task
+    np.testing.assert_array_equal(again[1], np.stack(rows))
+
+    assert call(1, 0, [hists[0], np.array([0]), rows[0]], wait=0.1)[0] == {"pending": True}
+    with pytest.raises(PSError, match="the size of the row to gather: parts"):
+        call(1, 1, [hists[1], np.array([0])])
+    with pytest.raises(PSError, match="row to gather must be 1-D float64, got int64"):
+        call(2, 0, [hists[0], np.array([0]), np.arange(3)])
+    ps.client.call("rendezvous.drop", [], {"topic": topic})
+
+
 def test_bad_histograms_are_refused_by_name(ps):
     args = {"topic": _topic(), "step": 0, "part": 0, "n_parts": 1, "n_slots": 2, "n_bins": 4}
     bad = np.zeros((1, 3, 4, 4), np.int64)

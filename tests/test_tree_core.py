@@ -499,7 +499,7 @@ def _fit_partitioned(X, y, w, params, k, rng):
         targets = labels if m == 0 else -loss.gradient(pred, labels)
         lo = min(targets[q].min() for q in parts if q.size)
         hi = max(targets[q].max() for q in parts if q.size)
-        scale = histogram.choose_scale(lo, hi, float(w.max()), n)
+        scale = local.tree_scale(loss, m, lo, hi, float(w.max()), n)
         qs = [histogram.quantize_rows(targets[q], w[q], scale) for q in parts]
         in_sample = binning.row_uniform(np.arange(n), p.seed + m) < p.subsamplingRate
         b = local.TreeBuilder(

@@ -39,6 +39,7 @@ class _Call:
     mask: np.ndarray | None  # bool [open nodes, f_local]: this shard's columns
     split_kw: dict
     digest: bytes  # of every argument the step's parts must agree on
+    gathered: np.ndarray | None  # float64 [k]: this partition's row of a gather riding along
 
 
 def _bad(where: str, message: str) -> RequestError:
@@ -65,11 +66,23 @@ def _vector(args: dict, name: str, where: str, kinds: str) -> np.ndarray:
     return a.astype(bool if kinds == "b" else np.int64)
 
 
-def _check_part(args: dict, arrays: list[np.ndarray], where: str) -> tuple[np.ndarray, int]:
-    """(histograms, feature offset) of one partition's call, refusing a bad shape by name."""
+def _check_part(
+    args: dict, arrays: list[np.ndarray], where: str
+) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """(histograms, feature offset, gathered row or None) of one partition's call, refusing a
+    bad shape by name."""
     n_slots, n_bins = _count(args, "n_slots", where), _count(args, "n_bins", where)
-    if len(arrays) != 2 or arrays[1].shape != (1,) or arrays[1].dtype != np.int64:
-        raise _bad(where, "takes two arrays: histograms and [offset] (int64)")
+    if len(arrays) not in (2, 3) or arrays[1].shape != (1,) or arrays[1].dtype != np.int64:
+        raise _bad(
+            where,
+            "takes histograms, [offset] (int64) and optionally a float64 row to gather",
+        )
+    gathered = arrays[2] if len(arrays) == 3 else None
+    if gathered is not None and (gathered.dtype != np.float64 or gathered.ndim != 1):
+        raise _bad(
+            where,
+            f"the row to gather must be 1-D float64, got {gathered.dtype} {list(gathered.shape)}",
+        )
     hist, offset = arrays[0], int(arrays[1][0])
     if (
         hist.dtype != np.int64
@@ -84,7 +97,7 @@ def _check_part(args: dict, arrays: list[np.ndarray], where: str) -> tuple[np.nd
         )
     if offset < 0:
         raise _bad(where, f"feature offset must be >= 0, got {offset}")
-    return hist, offset
+    return hist, offset, gathered
 
 
 def _check_plan(args: dict, n_slots: int, where: str):
@@ -174,15 +187,16 @@ def _check_split_kw(args: dict, where: str) -> dict:
 
 def _check_call(args: dict, arrays: list[np.ndarray], where: str) -> _Call:
     """Every argument of one partition's call checked before it joins the step."""
-    hist, offset = _check_part(args, arrays, where)
+    hist, offset, gathered = _check_part(args, arrays, where)
     split_kw = _check_split_kw(args, where)
     plan = _check_plan(args, hist.shape[0], where)
     n_open = hist.shape[0] if plan is None else plan[2].size
     mask = _check_mask(args, n_open, offset, hist.shape[1], where)
-    h = hashlib.blake2b(repr((list(hist.shape), offset, sorted(split_kw.items()))).encode())
+    size = None if gathered is None else gathered.size
+    h = hashlib.blake2b(repr((list(hist.shape), offset, sorted(split_kw.items()), size)).encode())
     for a in (*(plan or ()), mask):
         h.update(b"-" if a is None else repr(a.shape).encode() + a.tobytes())
-    return _Call(where, hist, offset, plan, mask, split_kw, h.digest())
+    return _Call(where, hist, offset, plan, mask, split_kw, h.digest(), gathered)
 
 
 def _parents(scratch: dict, step: int, call: _Call) -> np.ndarray:
@@ -230,17 +244,18 @@ def _full_histograms(small: np.ndarray, call: _Call, prev: np.ndarray | None) ->
     return full
 
 
-def _same_call(parts: dict[int, tuple[np.ndarray, bytes]], where: str) -> None:
+def _same_call(parts: dict[int, _Call], where: str) -> None:
     """Every part of a step must send the same plan, mask, split_kw and shapes: the answer
     is computed from the completing call's, and every worker applies it."""
     groups: dict[bytes, list[int]] = {}
-    for p, (_, digest) in parts.items():  # loop over partitions, not rows
-        groups.setdefault(digest, []).append(p)
+    for p, call in parts.items():  # loop over partitions, not rows
+        groups.setdefault(call.digest, []).append(p)
     if len(groups) > 1:
         raise _bad(
             where,
-            "the parts disagree on n_slots, histogram shape, offset, split_kw, the layer plan "
-            f"or feature_mask: parts {sorted(sorted(g) for g in groups.values())}",
+            "the parts disagree on n_slots, histogram shape, offset, split_kw, the layer plan, "
+            "feature_mask or the size of the row to gather: parts "
+            f"{sorted(sorted(g) for g in groups.values())}",
         )
 
 
@@ -251,8 +266,10 @@ def layer_splits(tensors, args: dict, arrays: list[np.ndarray]):
     (min_instances_per_node, min_info_gain, min_weight_per_node, scale); below the root
     parent_slots, small_is_left, pick, pick_left; optional feature_mask (open nodes x all
     features, 0/1). arrays: this partition's histograms int64 [n_slots, f_local, n_bins, 4]
-    and [offset], the global index of this shard's first feature.
-    Returns {"pending": bool} and the SPLIT_DTYPE records as bytes. Every argument is checked
+    and [offset], the global index of this shard's first feature; optionally a float64 row
+    to gather, which saves a worker a ``rendezvous.gather`` round at the same step.
+    Returns {"pending": bool}, the SPLIT_DTYPE records as bytes and, with a row to gather,
+    every partition's row stacked in partition order. Every argument is checked
     before the call joins the step (those that need the previous layer's histograms under
     the rendezvous lock), so a refused call leaves nothing behind.
     """
@@ -263,9 +280,9 @@ def layer_splits(tensors, args: dict, arrays: list[np.ndarray]):
         if call.plan is not None:
             _parents(RENDEZVOUS.scratch(topic), step, call)
 
-    def compute(parts: dict[int, tuple[np.ndarray, bytes]]) -> np.ndarray:
+    def compute(parts: dict[int, _Call]) -> list[np.ndarray]:
         _same_call(parts, call.where)
-        hists = [parts[p][0] for p in sorted(parts)]
+        hists = [parts[p].hist for p in sorted(parts)]
         small = hists[0].copy() if len(hists) == 1 else np.add(hists[0], hists[1])
         for h in hists[2:]:
             small += h  # exact: int64 sums cannot depend on the order
@@ -274,11 +291,13 @@ def layer_splits(tensors, args: dict, arrays: list[np.ndarray]):
         full = _full_histograms(small, call, prev)
         scratch["full"] = (step, full)
         result = best_splits(full, call.offset, feature_mask=call.mask, **call.split_kw)
-        return np.frombuffer(result.tobytes(), dtype=np.uint8)
+        out = [np.frombuffer(result.tobytes(), dtype=np.uint8)]
+        if call.gathered is not None:  # as rendezvous.gather answers: in partition order
+            out.append(np.stack([parts[p].gathered for p in sorted(parts)]))
+        return out
 
-    key = (topic, step)
-    ok, out = RENDEZVOUS.join(key, part, n_parts, (call.hist, call.digest), compute, wait, admit)
-    return {"pending": not ok}, [out] if ok else []
+    ok, out = RENDEZVOUS.join((topic, step), part, n_parts, call, compute, wait, admit)
+    return {"pending": not ok}, out if ok else []
 
 
 def decode_splits(raw: np.ndarray) -> np.ndarray:

@@ -6,7 +6,9 @@ One ``boost`` command starts it. Per tree, every worker
    their bounds together with its weighted losses of the trees so far — one step that both
    fixes the tree's fixed-point scale and reports the previous tree's losses (and decides
    early stopping, the same way on every worker); a classifier with a validation split
-   adds its validation rows' score histograms, which give the validation AUC;
+   adds its validation rows' score histograms, which give the validation AUC. Where the
+   loss bounds its targets itself (``Loss.target_bounds``) and neither validation nor GOSS
+   needs the gathered values before the tree, the gather rides on the root's split call;
 2. per layer, builds the fixed-point histograms of the smaller child of each split and sends
    each shard its features' share in ONE blocking call (``gbt_layer.splits``): the shard
    keeps it as the exactly-once contribution of (tree, layer, partition) and answers with
@@ -41,11 +43,10 @@ from spark_ps.ml.tree.binning import row_uniform
 from spark_ps.ml.tree.histogram import (
     FixedPointScale,
     build_node_histograms,
-    choose_scale,
     quantize_rows,
     unit_weight,
 )
-from spark_ps.ml.tree.local import TreeBuilder, features_per_node, route_rows
+from spark_ps.ml.tree.local import TreeBuilder, features_per_node, route_rows, tree_scale
 from spark_ps.ml.tree.loss import LogLoss
 
 __all__ = [
@@ -139,6 +140,7 @@ def _gather(
     args["wait"] = _WAIT
     with _timed(ctx.state, "gather"):
         (out,) = ctx.rendezvous("rendezvous.gather", args, [[np.asarray(values)]], shards=[0])
+    ctx.state["_prof"]["gathers"] += 1  # rounds of their own (the profile counts them)
     return out[0]
 
 
@@ -208,8 +210,10 @@ def targets_and_losses(s: dict, tree: int) -> tuple[float, float, list[float]]:
     return lo, hi, _losses(s)
 
 
-def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, plan, kw):
-    """Send every shard its features' histograms; the merged best split per open node."""
+def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, plan, kw, gather):
+    """Send every shard its features' histograms; the merged best split per open node, and
+    with `gather` (this partition's row) every partition's row, as :func:`_gather` gives
+    them: the first shard answers both in one call."""
     n_shards = layer_shards(
         hist.shape[1], hist.shape[2], ctx.client.num_shards, cmd.get("cells_per_shard")
     )
@@ -232,9 +236,12 @@ def _layer_splits(ctx, cmd, step: int, hist: np.ndarray, builder: TreeBuilder, p
         [np.ascontiguousarray(hist[:, bounds[i] : bounds[i + 1]]), np.array([bounds[i]])]
         for i in shards
     ]
+    if gather is not None:
+        parts[0].append(np.asarray(gather, dtype=np.float64))
     with _timed(ctx.state, "splits"):
         out = ctx.rendezvous("gbt_layer.splits", args, parts, shards)
-    return merge_best([decode_splits(arrays[0]) for arrays in out])
+    splits = merge_best([decode_splits(arrays[0]) for arrays in out])
+    return splits, (out[0][1] if gather is not None else None)
 
 
 def grow_tree(
@@ -242,12 +249,15 @@ def grow_tree(
     cmd: dict,
     m: int,
     scale,
-    before_root_wait: Callable | None = None,
+    before_wait: Callable | None = None,
     sample: goss.GossSample | None = None,
-) -> TreeBuilder:
+    gather: np.ndarray | None = None,
+) -> tuple[TreeBuilder, np.ndarray | None]:
     """Grow tree `m` layer by layer with the shards; rows end in the builder's leaves.
-    `before_root_wait()` runs once the root's histograms are built, before waiting for
-    its splits; `sample`: the rows GOSS drew (:func:`goss_sample`)."""
+    `before_wait()` runs once a layer's histograms are built, before waiting for its
+    splits; `sample`: the rows GOSS drew (:func:`goss_sample`); `gather`: this partition's
+    row of a gather that rides on the root's call. Returns the builder and the gathered
+    rows (None without `gather`)."""
     s, p = ctx.state, cmd["params"]
     builder = TreeBuilder(
         cmd["thresholds"],
@@ -262,7 +272,7 @@ def grow_tree(
     kw = dict(builder.split_kw, scale=list(scale))
     with _timed(s, "quantize"):
         start_tree(s, scale, p["seed"] + m, p["subsamplingRate"], sample)
-    layer = 0
+    layer, gathered = 0, None
     while not builder.done:
         plan = builder.histogram_plan()
         if layer:
@@ -283,11 +293,13 @@ def grow_tree(
             )
         ctx.fault_point("hist")  # tests kill a task here: its histograms may be in or not
         step = m * (p["maxDepth"] + 1) + layer
-        if layer == 0 and before_root_wait is not None:
-            before_root_wait()
-        builder.apply(_layer_splits(ctx, cmd, step, hist, builder, plan, kw))
-        layer += 1
-    return builder
+        if before_wait is not None:
+            before_wait()
+        splits, g = _layer_splits(ctx, cmd, step, hist, builder, plan, kw, gather)
+        builder.apply(splits)
+        gathered = g if gather is not None else gathered
+        layer, gather = layer + 1, None
+    return builder, gathered
 
 
 def _post_tree(client, topic: str, m: int, builder, tw: float, sums, has_val: bool, last, prof):
@@ -357,13 +369,18 @@ def _tree_done(ctx, cmd, m: int, built, g: np.ndarray, poster: _TreePoster | Non
     (every worker sees the same gathered sums, so every worker decides the same)."""
     s, p = ctx.state, cmd["params"]
     sums = g[:, 2:].sum(axis=0)  # partition order: the same on every worker
-    has_val = s["vbins"] is not None
+    has_val = _has_validation(s, cmd)
     if has_val:
         s["val_losses"].append(sums[2] / sums[3])
     last = m >= p["maxIter"] or (has_val and early_stop(s["val_losses"], p["validationTol"])[0])
     if poster is not None:
         poster.post(m - 1, *built, sums, last)
     return last
+
+
+def _has_validation(s: dict, cmd: dict) -> bool:
+    """Does the fit hold validation rows (on any partition: every worker must decide alike)?"""
+    return bool(cmd.get("validation", s["vbins"] is not None))
 
 
 def _finish_tree(s: dict, builder: TreeBuilder, tw: float) -> None:
@@ -406,17 +423,30 @@ def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> N
         values = [-lo, hi, *losses]
         if cmd.get("validation_auc") and m > 0:  # the same length on every partition
             values = np.concatenate([values, validation_histograms(s)])
-        g = _gather(ctx, cmd, m, values)
-        if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
-            return
-        lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())
+        goss_on = goss.active(p.get("gossTopRate", 0.0), p["stepSize"], m)
+        # with known target bounds, no validation (its losses decide on stopping before
+        # the tree) and no GOSS (it bins the targets on their max), the gather rides on
+        # the root's split call
+        ride = (
+            m < p["maxIter"]
+            and not goss_on
+            and not _has_validation(s, cmd)
+            and s["loss"].target_bounds(m) is not None
+        )
+        if not ride:
+            g = _gather(ctx, cmd, m, values)
+            if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
+                return
+            lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())
         max_w, sample = cmd["max_w"], None
-        if goss.active(p.get("gossTopRate", 0.0), p["stepSize"], m):
+        if goss_on:
             sample = goss_sample(ctx, cmd, m, max_w * max(-lo, hi))
             max_w *= goss.weight_bound(p["gossTopRate"], p["gossOtherRate"])
-        scale = choose_scale(lo, hi, max_w, cmd["n_rows"])
+        scale = tree_scale(s["loss"], m, lo, hi, max_w, cmd["n_rows"])
         post = poster.send if poster is not None else None
-        builder = grow_tree(ctx, cmd, m, scale, post, sample)
+        builder, g = grow_tree(ctx, cmd, m, scale, post, sample, values if ride else None)
+        if ride and built is not None:  # tree m - 1's losses came with the root's splits
+            _tree_done(ctx, cmd, m, built, g, poster)  # never the last: m < maxIter
         tw = 1.0 if m == 0 else p["stepSize"]
         with _timed(s, "finish"):
             _finish_tree(s, builder, tw)

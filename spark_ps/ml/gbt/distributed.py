@@ -280,6 +280,7 @@ def train_gbt(
                     raise ValueError(str(e)) from None
                 raise
             t_setup = time.perf_counter() - t0
+            cmd["validation"] = validation is not None  # every worker decides alike
             cmd["validation_auc"] = validation is not None and loss is LogLoss
             trees, weights, hist = _read_trees(job, cmd, p, validation is not None, recovery)
         finally:

@@ -11,8 +11,9 @@ limit" for benchmarks. Roles map onto the PS design:
 
 One tree, distributed (what :func:`grow_tree` does in one process):
 
-1. workers compute their rows' targets and report min/max target and max weight; the
-   driver calls ``choose_scale`` and workers ``quantize_rows`` (once per tree);
+1. workers compute their rows' targets; ``tree_scale`` fixes the tree's fixed-point scale
+   (from the loss's target bounds, or the targets' min and max over all workers) and
+   workers ``quantize_rows`` (once per tree);
 2. per layer, the driver's ``histogram_plan()`` names the nodes whose rows are scanned;
    workers map ``slot_of_node[node_of_row]`` (-1 for rows left out by subsampling), run
    ``build_histograms`` and push them, keyed by partition, to the shards owning each
@@ -80,6 +81,7 @@ __all__ = [
     "predict_margin",
     "resolve_params",
     "route_rows",
+    "tree_scale",
 ]
 
 EPSILON = float(np.finfo(np.float64).eps)  # MLlib's Utils.EPSILON
@@ -540,7 +542,16 @@ def _prepare(X: np.ndarray, labels: np.ndarray, w: np.ndarray, p: GBTParams) -> 
     return _Data(bins, labels, w, thresholds, n_bins, max_w, min_w)
 
 
-def _fit_one_tree(d: _Data, targets: np.ndarray, p: GBTParams, m: int) -> tuple:
+def tree_scale(
+    loss: Loss, tree: int, target_min: float, target_max: float, max_weight: float, n_rows: int
+) -> FixedPointScale:
+    """Tree `tree`'s fixed-point scale: from the loss's own target bounds where it has them
+    (``Loss.target_bounds``), else from the targets' min and max over every row."""
+    lo, hi = loss.target_bounds(tree) or (target_min, target_max)
+    return choose_scale(lo, hi, max_weight, n_rows)
+
+
+def _fit_one_tree(d: _Data, targets: np.ndarray, p: GBTParams, m: int, loss: Loss) -> tuple:
     n, seed, weights = targets.shape[0], p.seed + m, d.weights
     lo, hi, max_w = float(targets.min()), float(targets.max()), d.max_weight
     if goss.active(p.gossTopRate, p.stepSize, m):
@@ -553,7 +564,7 @@ def _fit_one_tree(d: _Data, targets: np.ndarray, p: GBTParams, m: int) -> tuple:
         in_sample = row_uniform(np.arange(n), seed) < p.subsamplingRate
     else:
         in_sample = np.ones(n, dtype=bool)
-    scale = choose_scale(lo, hi, max_w, n)
+    scale = tree_scale(loss, m, lo, hi, max_w, n)
     builder = TreeBuilder(
         d.thresholds,
         scale,
@@ -606,7 +617,7 @@ def fit_gbt_local(
     pred, best_err, best_m = np.zeros(X.shape[0]), 0.0, 1
     for m in range(p.maxIter):  # boosting iterations
         targets = labels if m == 0 else -loss.gradient(pred, labels)
-        tree, row_values = _fit_one_tree(d, targets, p, m)
+        tree, row_values = _fit_one_tree(d, targets, p, m, loss)
         tw = 1.0 if m == 0 else p.stepSize
         trees.append(tree)
         weights.append(tw)

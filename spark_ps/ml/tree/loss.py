@@ -49,6 +49,13 @@ class Loss:
         """Loss value per row (MLlib's ``computeError``)."""
         raise NotImplementedError
 
+    def target_bounds(self, tree: int) -> tuple[float, float] | None:
+        """Bounds every target of tree `tree` lies within whatever the data, or None.
+
+        Known bounds fix the tree's fixed-point scale without looking at the rows, so the
+        workers need not agree on their targets' min and max first (one round a tree)."""
+        return None
+
 
 class _LogLoss(Loss):
     """Twice the binomial negative log likelihood: ``2 log(1 + exp(-2 y F))``, y in {-1, 1}."""
@@ -59,6 +66,10 @@ class _LogLoss(Loss):
 
     def error(self, prediction: np.ndarray, label: np.ndarray) -> np.ndarray:
         return 2.0 * log1p_exp(-2.0 * label * prediction)
+
+    def target_bounds(self, tree: int) -> tuple[float, float] | None:
+        # tree 0 fits the labels -1/+1; later ones |4 / (1 + exp(2 y F))| <= 4
+        return (-1.0, 1.0) if tree == 0 else (-4.0, 4.0)
 
 
 class _SquaredError(Loss):
@@ -80,6 +91,9 @@ class _AbsoluteError(Loss):
 
     def error(self, prediction: np.ndarray, label: np.ndarray) -> np.ndarray:
         return np.abs(label - prediction)
+
+    def target_bounds(self, tree: int) -> tuple[float, float] | None:
+        return None if tree == 0 else (-1.0, 1.0)  # tree 0 fits the labels themselves
 
 
 LogLoss: Loss = _LogLoss("logistic", True)
