@@ -209,23 +209,49 @@ def test_losses_ride_on_the_root_call_and_trees_equal_the_local_trainers(spark_p
     """LogLoss bounds its targets, so a fit without validation needs no per-tree gather of
     their min and max: each tree's losses come back with the next root's splits and one
     gather is left (the last tree's losses). Squared error keeps a gather a tree. Either
-    way the trees are the local trainer's bit for bit, and so is the loss history."""
+    way the trees are the local trainer's bit for bit, and so is the loss history. Absolute
+    error bounds the targets from tree 1 on (signs), so it gathers at tree 0 and the end."""
     caplog.set_level(logging.INFO, logger="spark_ps.ml.gbt")
     pdf = data.toPandas()
     X = np.stack([v.toArray() for v in pdf["features"]])
     for cls, label, loss, gathers in (
         (GBTClassifier, "label", "logistic", 1),
         (GBTRegressor, "score", "squared", 5),
+        (GBTRegressor, "score", "absolute", 2),
     ):
         caplog.clear()
         params = dict(maxIter=4, maxDepth=3, seed=5)
-        ours = cls(numWorkers=2, labelCol=label, **params).fit(data.repartition(2))
+        est = cls(numWorkers=2, labelCol=label, lossType=loss, **params)
+        ours = est.fit(data.repartition(2))
         assert f"gathers {gathers}.000" in caplog.text  # the fit's logged worker profile
         local = {**params, "lossType": loss}
         trees, weights, hist = fit_gbt_local(X, pdf[label].to_numpy(), None, local)
         assert ours.treeArrays == trees and ours.treeWeights == weights.tolist()
         # per-partition float sums, then their sum: the order differs from the local one
         np.testing.assert_allclose(ours.lossHistory, hist["train_loss"], rtol=1e-13)
+
+
+def test_min_weight_fraction_uses_the_exact_total_weight_from_either_sketch(
+    spark_ps, data, monkeypatch
+):
+    """minWeightFractionPerNode needs the rows' total weight: the sketch round sums it
+    exactly (pooled rows or merged summaries alike), and the trees are the local
+    trainer's, whose minimum weight per node comes from the same integer sum."""
+    weighted = data.withColumn("w", 0.25 + F.abs(F.col("score")))  # uneven weights
+    pdf = weighted.toPandas()
+    X = np.stack([v.toArray() for v in pdf["features"]])
+    params = dict(maxIter=3, maxDepth=4, seed=5, minWeightFractionPerNode=0.05)
+    local = {**params, "lossType": "logistic"}
+    trees, _, _ = fit_gbt_local(X, pdf["label"].to_numpy(), pdf["w"].to_numpy(), local)
+    pruned, _, _ = fit_gbt_local(
+        X, pdf["label"].to_numpy(), pdf["w"].to_numpy(), {**local, "minWeightFractionPerNode": 0}
+    )
+    assert sum(t.feature.size for t in trees) < sum(t.feature.size for t in pruned)  # it binds
+    pooled = GBTClassifier(numWorkers=2, weightCol="w", **params).fit(weighted.repartition(2))
+    assert pooled.treeArrays == trees
+    monkeypatch.setattr(distributed, "POOLED_SKETCH_VALUES", 0)
+    merged = GBTClassifier(numWorkers=2, weightCol="w", **params).fit(weighted.repartition(2))
+    assert merged.treeArrays == trees
 
 
 def test_clean_rows_cost_no_check_job_and_bad_rows_get_mllibs_words(spark_ps, data, monkeypatch):

@@ -7,10 +7,10 @@ set-up rounds, then starts the workers' boosting loop and only reads:
   ``sketch``   a partition-independent row sample -> MLlib's split thresholds (on the
                driver): the sampled rows themselves when they are few enough
                (``POOLED_SKETCH_VALUES``), else per-feature exact value summaries merged
-               on the PS by key;
-  ``bin``      rows binned, exact total weight;
-  ``boost``    the workers grow every tree themselves, the shards finding the splits and
-               acting as the rendezvous of each layer (see ``spark_ps.ml.gbt.boost_worker``);
+               on the PS by key; the same round sums the exact total weight;
+  ``boost``    the workers bin their rows, then grow every tree themselves, the shards
+               finding the splits and acting as the rendezvous of each layer (see
+               ``spark_ps.ml.gbt.boost_worker``);
                the driver reads each finished tree from the round board, shows progress and
                posts the trees read so far as the state a retried task resumes from.
 
@@ -77,9 +77,10 @@ def _snapshot(state: dict) -> dict:
 
 def _thresholds(
     job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p, name: str = ""
-) -> list:
+) -> tuple[list, float]:
     """Merge every partition's value summary on the PS, then MLlib's split candidates (the
-    summaries' tensors named under `name`, default the job's topic)."""
+    summaries' tensors named under `name`, default the job's topic); and the exact total
+    weight, which the same round sums."""
     max_bins = min(p.maxBins, n_rows)
     wexp = weight_exponent(max_w, n_rows)
     name = name or job.topic
@@ -89,7 +90,7 @@ def _thresholds(
     counts = PSMatrix.sparse(2, name=f"{name}/sketch-counts", dtype="int64", context=ps)
     values = PSMatrix.sparse(2, name=f"{name}/sketch-values", context=ps)
     try:
-        r, _ = job.call(
+        r, sums = job.call(
             "sketch",
             counts=counts.name,
             values=values.name,
@@ -105,7 +106,14 @@ def _thresholds(
         best_effort(f"dropping {values.name}", values.drop)
     feat = fv[:, 0].astype(np.int64)
     sketch: QuantileSketch = _reduce(feat, fv[:, 1], wc[:, 0], wc[:, 1], n_features, wexp)
-    return split_thresholds(sketch, max_bins)
+    return split_thresholds(sketch, max_bins), _total_weight(sums, wexp)
+
+
+def _total_weight(sums: np.ndarray, weight_exp: int) -> float:
+    """The exact total weight from a sketch round's scalars [pushed, high half, low half]
+    (every partition's fixed-point total, summed as float64: exact below 2**53)."""
+    hi, lo = int(sums[1]), int(sums[2])
+    return float(np.ldexp(float((hi << 31) + lo), -weight_exp))
 
 
 #: The sketch's sampled rows go to the driver whole when they hold at most this many values
@@ -124,7 +132,9 @@ def _pooled_thresholds(
     per-partition summaries give."""
     rows = PSMatrix.sparse(n_features + 1, name=f"{name}/sketch-rows", context=ps)
     try:
-        r, _ = job.call("sketch", rows=rows.name, fraction=fraction, seed=p.seed)
+        r, sums = job.call(
+            "sketch", rows=rows.name, weight_exp=wexp, fraction=fraction, seed=p.seed
+        )
         rows.reduce(r)  # every partition's rows once, however often they were pushed
         _, sampled = rows.pull()
     finally:
@@ -132,7 +142,7 @@ def _pooled_thresholds(
     # the workers wait for the thresholds: the driver sorts on every core it has
     cores = os.cpu_count() or 1
     sketch = summarize(sampled[:, 1:], sampled[:, 0], weight_exp=wexp, n_threads=cores)
-    return split_thresholds(sketch, max_bins)
+    return split_thresholds(sketch, max_bins), _total_weight(sums, wexp)
 
 
 def _fit_params(params: dict) -> dict:
@@ -176,7 +186,8 @@ def _check_meta(job: PSJob, meta: np.ndarray) -> None:
 
 
 def _prepare(job: PSJob, ps, p, attempt: int = 0) -> dict:
-    """Set-up rounds: row counts, the merged sketch -> thresholds, binning; the boost command.
+    """Set-up rounds: row counts, the merged sketch -> thresholds and the total weight; the
+    boost command (the workers bin their rows as it starts).
     `attempt` > 0: redone after a shard restart (`redo_on_restart`), under fresh names."""
     nw = job.num_workers
     t0 = time.perf_counter()
@@ -189,17 +200,10 @@ def _prepare(job: PSJob, ps, p, attempt: int = 0) -> dict:
     n_rows, max_w = int(meta[:, 0].sum()), float(meta[:, 2].max())
     n_features = int(meta[:, 3].max())
     name = f"{job.topic}/redo{attempt}" if attempt else job.topic
-    thresholds = [t.tolist() for t in _thresholds(job, ps, n_rows, n_features, max_w, p, name)]
+    splits, total_w = _thresholds(job, ps, n_rows, n_features, max_w, p, name)
+    thresholds = [t.tolist() for t in splits]  # the workers bin by them as boosting starts
     t2 = time.perf_counter()
-    wexp = weight_exponent(max_w, n_rows)
-    _, (hi, lo) = job.call("bin", thresholds=thresholds, loss=p.lossType, weight_exp=wexp)
-    total_w = float(np.ldexp(float((int(hi) << 31) + int(lo)), -wexp))  # exact int sum
-    log.info(
-        "spark-ps GBT set-up: job start + read + meta %.3fs, sketch %.3fs, bin %.3fs",
-        t1 - t0,
-        t2 - t1,
-        time.perf_counter() - t2,
-    )
+    log.info("spark-ps GBT set-up: job start + read + meta %.3fs, sketch %.3fs", t1 - t0, t2 - t1)
     return {
         "topic": f"{job.topic}/gbt",
         "n_parts": nw,

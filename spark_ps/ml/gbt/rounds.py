@@ -1,5 +1,6 @@
 """The GBT workers' rounds: what each Spark task does when the driver calls ``meta``,
-``sketch``, ``bin`` or ``recover`` (``boost`` is :mod:`spark_ps.ml.gbt.boost_worker`).
+``sketch`` or ``recover``, and the binning that starts ``boost`` (whose loop is
+:mod:`spark_ps.ml.gbt.boost_worker`).
 
 Kept apart from the driver's trainer (:mod:`spark_ps.ml.gbt.distributed`) so a worker's
 import chain holds no ``pyspark.ml``: a fresh Python worker paid ~1 s importing it (and
@@ -138,11 +139,20 @@ def _meta(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     _per_part(ctx, round_, cmd["n_workers"], values)
 
 
+def _weight_sum(s: dict, weight_exp: int) -> list[int]:
+    """This partition's fixed-point weight total in two 31-bit halves (exact as float64):
+    summed over partitions they give the driver the exact total weight."""
+    q = int(np.rint(np.ldexp(s["w"], weight_exp)).astype(np.int64).sum())
+    return [q >> 31, q & ((1 << 31) - 1)]
+
+
 def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
     """Push this partition's exact value summary; equal (feature, value) keys add up. The
     counts are this partition's exactly-once contribution to the round: a task that pushed
     and died, and its relaunch (or a task of an aborted launch still running), count once.
-    With ``rows`` in the command, contribute the sampled rows themselves instead."""
+    With ``rows`` in the command, contribute the sampled rows themselves instead. Either
+    way the round's scalars are [values or rows pushed, fixed-point weight total (two
+    halves)]."""
     s = ctx.state
     if "rows" in cmd:
         _sketch_rows(ctx, round_, cmd)
@@ -163,7 +173,7 @@ def _sketch(ctx: WorkerContext, round_: int, cmd: dict) -> None:
         ctx.tensor(cmd["values"]).update(
             keys, np.stack([feat.astype(np.float64), sk.values], axis=1)
         )
-    ctx.contribute(round_, [keys.size])
+    ctx.contribute(round_, [keys.size, *_weight_sum(s, cmd["weight_exp"])])
 
 
 def _sketch_rows(ctx: WorkerContext, round_: int, cmd: dict) -> None:
@@ -181,7 +191,7 @@ def _sketch_rows(ctx: WorkerContext, round_: int, cmd: dict) -> None:
             (ctx.part << 40) | at, np.c_[s["w"][at], X[at]], round=round_, part=ctx.part,
             unique=True,
         )  # fmt: skip
-    ctx.contribute(round_, [at.size])
+    ctx.contribute(round_, [at.size, *_weight_sum(s, cmd["weight_exp"])])
 
 
 def _sketch_keys(feat: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -203,11 +213,16 @@ def _apply_bins(s: dict, thresholds: list, loss_type: str) -> None:
     s["n_trees"], s["val_losses"] = 0, []
 
 
-def _bin(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+def _boost(ctx: WorkerContext, round_: int, cmd: dict) -> None:
+    """Bin the rows by the command's thresholds (unless a retried task's ``recover`` did),
+    then boost: binning needs no round of its own, the driver having the total weight
+    from the sketch round."""
     s = ctx.state
-    _apply_bins(s, cmd["thresholds"], cmd["loss"])
-    q = int(np.rint(np.ldexp(s["w"], cmd["weight_exp"])).astype(np.int64).sum())
-    ctx.contribute(round_, [q >> 31, q & ((1 << 31) - 1)])  # exact in float64 halves
+    if "bins" not in s:
+        t0 = time.perf_counter()
+        _apply_bins(s, cmd["thresholds"], cmd["params"]["lossType"])
+        s.setdefault("_prof", defaultdict(float))["bin"] += time.perf_counter() - t0
+    boost(ctx, round_, cmd)
 
 
 def _recover(ctx: WorkerContext, state: dict) -> None:
@@ -237,6 +252,5 @@ HANDLERS = {
     "recover": _recover,
     "meta": _meta,
     "sketch": _sketch,
-    "bin": _bin,
-    "boost": boost,
+    "boost": _boost,
 }
