@@ -110,6 +110,35 @@ def test_layer_splits_sum_parts_exactly_and_derive_siblings(ps):
     ps.client.call("rendezvous.drop", [], {"topic": topic})
 
 
+def test_a_root_answered_before_a_replay_still_parents_its_children(ps):
+    """A shard that failed over may answer the old tasks' in-flight root call (a root needs
+    no parent) before they notice the move; the relaunched tasks replay an earlier tree,
+    then get that root from cache, and its children still find its histograms."""
+    rng = np.random.default_rng(3)
+    topic, kw = _topic(), {"min_instances_per_node": 1, "min_info_gain": 0.0}
+    kw.update(min_weight_per_node=0.0, scale=[0.0, 0, 10])
+    roots = [_hist(rng, 1, 3, 4) for _ in range(2)]
+    below = dict(parent_slots=[0], small_is_left=[True], pick=[0, 0], pick_left=[True, False])
+
+    def call(step, hist, extra):
+        args = {"topic": topic, "step": step, "part": 0, "n_parts": 1, "n_slots": 1}
+        args.update(n_bins=4, split_kw=kw, **extra)
+        ((meta, arrays),) = ps.client.call(
+            "gbt_layer.splits", [], args, [[hist, np.array([0])]], shards=[0]
+        )
+        return decode_splits(arrays[0])
+
+    call(4, roots[1], {})  # tree 1's root, from a call of the old launch
+    call(0, roots[0], {})  # the replay: tree 0, root and one layer
+    call(1, roots[0] // 2, below)
+    again = call(4, roots[1] * 7, {})  # tree 1's root again: from cache
+    assert again.tobytes() == call(4, roots[1], {}).tobytes()
+    child = call(5, roots[1] // 3, below)  # its child: derived from the kept root
+    full = np.concatenate([roots[1] // 3, roots[1] - roots[1] // 3])
+    assert child.tobytes() == best_splits(full, 0, **{**kw, "scale": (0.0, 0, 10)}).tobytes()
+    ps.client.call("rendezvous.drop", [], {"topic": topic})
+
+
 def test_a_gather_rides_on_a_layer_call_and_every_part_must_send_its_row(ps):
     """The root's call carries a worker's per-tree gather: every part gets the splits and
     every part's row in partition order, the same again on a retry; a part without a row

@@ -25,6 +25,11 @@ from ps_server.wire import RequestError
 __all__ = ["READ_ONLY", "SERVER_FUNCTIONS", "decode_splits", "layer_splits"]
 
 _SPLIT_KW = ("min_instances_per_node", "min_info_gain", "min_weight_per_node", "scale")
+# Roots whose full histograms a shard keeps besides the previous layer's. A root needs no
+# parent, so when a shard fails over the old tasks' in-flight root call completes on the
+# new process before they notice; the relaunched tasks replay from an earlier tree, then get
+# that root from cache and its children need it. Two roots: one [1, f, bins, 4] block each.
+_ROOTS_KEPT = 2
 _MAX_EXP = 1100  # |exponent| of a fixed-point scale (float64 spans 2**-1074 .. 2**1023)
 
 
@@ -200,10 +205,13 @@ def _check_call(args: dict, arrays: list[np.ndarray], where: str) -> _Call:
 
 
 def _parents(scratch: dict, step: int, call: _Call) -> np.ndarray:
-    """The previous layer's full histograms this layer derives from (kept in `scratch`),
-    checked against the call's parent_slots and feature range."""
+    """The previous layer's full histograms this layer derives from (kept in `scratch`:
+    the last layer computed here, or one of the last roots), checked against the call's
+    parent_slots and feature range."""
     prev_step, prev = scratch.get("full", (None, None))
     if prev_step != step - 1:
+        prev = scratch.get("roots", {}).get(step - 1)
+    if prev is None:
         raise RequestError(
             "FAILED_PRECONDITION",
             f"{call.where}: the previous layer's histograms (step {step - 1}) "
@@ -290,6 +298,11 @@ def layer_splits(tensors, args: dict, arrays: list[np.ndarray]):
         prev = None if call.plan is None else _parents(scratch, step, call)
         full = _full_histograms(small, call, prev)
         scratch["full"] = (step, full)
+        if call.plan is None:
+            roots = scratch.setdefault("roots", {})
+            roots[step] = full
+            for old in sorted(roots)[:-_ROOTS_KEPT]:
+                del roots[old]
         result = best_splits(full, call.offset, feature_mask=call.mask, **call.split_kw)
         out = [np.frombuffer(result.tobytes(), dtype=np.uint8)]
         if call.gathered is not None:  # as rendezvous.gather answers: in partition order
