@@ -25,6 +25,7 @@ from their cache.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -252,12 +253,13 @@ def grow_tree(
     before_wait: Callable | None = None,
     sample: goss.GossSample | None = None,
     gather: np.ndarray | None = None,
-) -> tuple[TreeBuilder, np.ndarray | None]:
+    on_gathered: Callable[[np.ndarray], None] | None = None,
+) -> TreeBuilder:
     """Grow tree `m` layer by layer with the shards; rows end in the builder's leaves.
     `before_wait()` runs once a layer's histograms are built, before waiting for its
     splits; `sample`: the rows GOSS drew (:func:`goss_sample`); `gather`: this partition's
-    row of a gather that rides on the root's call. Returns the builder and the gathered
-    rows (None without `gather`)."""
+    row of a gather that rides on the root's call, whose answer (every partition's row)
+    goes to `on_gathered` as soon as the root's splits are in."""
     s, p = ctx.state, cmd["params"]
     builder = TreeBuilder(
         cmd["thresholds"],
@@ -272,7 +274,7 @@ def grow_tree(
     kw = dict(builder.split_kw, scale=list(scale))
     with _timed(s, "quantize"):
         start_tree(s, scale, p["seed"] + m, p["subsamplingRate"], sample)
-    layer, gathered = 0, None
+    layer = 0
     while not builder.done:
         plan = builder.histogram_plan()
         if layer:
@@ -295,11 +297,12 @@ def grow_tree(
         step = m * (p["maxDepth"] + 1) + layer
         if before_wait is not None:
             before_wait()
-        splits, g = _layer_splits(ctx, cmd, step, hist, builder, plan, kw, gather)
+        splits, gathered = _layer_splits(ctx, cmd, step, hist, builder, plan, kw, gather)
         builder.apply(splits)
-        gathered = g if gather is not None else gathered
+        if gathered is not None and on_gathered is not None:
+            on_gathered(gathered)
         layer, gather = layer + 1, None
-    return builder, gathered
+    return builder
 
 
 def _post_tree(client, topic: str, m: int, builder, tw: float, sums, has_val: bool, last, prof):
@@ -321,8 +324,9 @@ def _post_tree(client, topic: str, m: int, builder, tw: float, sums, has_val: bo
 class _TreePoster:
     """Partition 0 posts the finished trees from one background thread.
 
-    A tree is handed over at the next gather, which every worker waits for, and sent once
-    partition 0 waits for the next tree's root splits (:meth:`send`): its JSON encoding
+    A tree is handed over with its losses (at the next tree's gather, or with its root's
+    splits when the gather rides on them), and sent once partition 0 next waits for a
+    layer's splits (:meth:`send`): its JSON encoding
     then holds the GIL while the main thread blocks on a socket. Sent at once, it made the
     next tree's quantize wait for the GIL (3.2 against 1.1 ms a tree on 100k rows,
     measured), and every worker waited for partition 0 at the root. A post that failed
@@ -330,20 +334,21 @@ class _TreePoster:
 
     def __init__(self, ctx: WorkerContext, cmd: dict) -> None:
         self._ctx, self._topic = ctx, cmd["topic"]
+        self._validation = _has_validation(ctx.state, cmd)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="spark-ps-tree-post")
         self._posts: list[Future] = []
         self._pending: tuple | None = None
 
     def post(self, m: int, builder: TreeBuilder, tw: float, sums, last: bool) -> None:
         """Hand over tree `m`; it goes out at the next :meth:`send` (or :meth:`close`).
-        Every tree waits at its root, even at maxDepth 0, so none should still be held;
-        if one were, it goes now rather than being replaced."""
+        One still held (handed over at a root's splits, at maxDepth 0 no later layer waited)
+        goes now rather than being replaced."""
         self.send()
         while self._posts and self._posts[0].done():
             self._posts.pop(0).result()  # raises a failed post's error
         s = self._ctx.state
         s["_prof"]["trees"] = m + 1
-        args = (self._topic, m, builder, tw, sums, s["vbins"] is not None, last)
+        args = (self._topic, m, builder, tw, sums, self._validation, last)
         self._pending = (*args, dict(s["_prof"]))
 
     def send(self) -> None:
@@ -364,7 +369,7 @@ class _TreePoster:
             self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
-def _tree_done(ctx, cmd, m: int, built, g: np.ndarray, poster: _TreePoster | None) -> bool:
+def _tree_done(ctx, cmd, m: int, built, g: np.ndarray, *, poster: _TreePoster | None) -> bool:
     """Tree `m - 1` is in every prediction: record its losses, post it, decide on stopping
     (every worker sees the same gathered sums, so every worker decides the same)."""
     s, p = ctx.state, cmd["params"]
@@ -435,7 +440,7 @@ def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> N
         )
         if not ride:
             g = _gather(ctx, cmd, m, values)
-            if built is not None and _tree_done(ctx, cmd, m, built, g, poster):
+            if built is not None and _tree_done(ctx, cmd, m, built, g, poster=poster):
                 return
             lo, hi = -float(g[:, 0].max()), float(g[:, 1].max())
         max_w, sample = cmd["max_w"], None
@@ -444,9 +449,11 @@ def _boost_trees(ctx: WorkerContext, cmd: dict, poster: _TreePoster | None) -> N
             max_w *= goss.weight_bound(p["gossTopRate"], p["gossOtherRate"])
         scale = tree_scale(s["loss"], m, lo, hi, max_w, cmd["n_rows"])
         post = poster.send if poster is not None else None
-        builder, g = grow_tree(ctx, cmd, m, scale, post, sample, values if ride else None)
-        if ride and built is not None:  # tree m - 1's losses came with the root's splits
-            _tree_done(ctx, cmd, m, built, g, poster)  # never the last: m < maxIter
+        done = None
+        if ride and built is not None:  # tree m - 1's losses come with the root's splits;
+            # never the last tree (m < maxIter): posted at once, sent at the next layer's wait
+            done = functools.partial(_tree_done, ctx, cmd, m, built, poster=poster)
+        builder = grow_tree(ctx, cmd, m, scale, post, sample, values if ride else None, done)
         tw = 1.0 if m == 0 else p["stepSize"]
         with _timed(s, "finish"):
             _finish_tree(s, builder, tw)

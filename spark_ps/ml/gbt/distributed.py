@@ -79,8 +79,8 @@ def _thresholds(
     job: PSJob, ps, n_rows: int, n_features: int, max_w: float, p, name: str = ""
 ) -> tuple[list, float]:
     """Merge every partition's value summary on the PS, then MLlib's split candidates (the
-    summaries' tensors named under `name`, default the job's topic); and the exact total
-    weight, which the same round sums."""
+    summaries' tensors named under `name`, default the job's topic); and the total weight,
+    which the same round sums (:func:`_total_weight`)."""
     max_bins = min(p.maxBins, n_rows)
     wexp = weight_exponent(max_w, n_rows)
     name = name or job.topic
@@ -110,8 +110,9 @@ def _thresholds(
 
 
 def _total_weight(sums: np.ndarray, weight_exp: int) -> float:
-    """The exact total weight from a sketch round's scalars [pushed, high half, low half]
-    (every partition's fixed-point total, summed as float64: exact below 2**53)."""
+    """The total weight from a sketch round's scalars [pushed, high half, low half]: every
+    partition's fixed-point total summed as an exact integer (each half's sum is exact in
+    float64), then scaled to float64 once, as the local trainer does."""
     hi, lo = int(sums[1]), int(sums[2])
     return float(np.ldexp(float((hi << 31) + lo), -weight_exp))
 
@@ -125,7 +126,7 @@ POOLED_SKETCH_VALUES = 1 << 24
 
 def _pooled_thresholds(
     job: PSJob, ps, n_features: int, wexp: int, fraction: float, p, max_bins: int, name: str
-) -> list:
+) -> tuple[list, float]:
     """`_thresholds` from the sampled rows themselves: each partition contributes its rows
     (weight, then features) under keys unique to it, and the driver summarises them all.
     The summary is exact integer sums per (feature, value), so it is the one the merged
