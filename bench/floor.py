@@ -8,13 +8,15 @@ as often as its solver asks, each core on its own partition with the weights at 
           + evaluations x (b) one loss-and-gradient pass over a partition with the
                 weights local (the fit's own `loss_and_grad` kernel; no PS, no Spark job)
 
-Both are measured in one plain `mapInArrow` job over the same partitions, one task per
+Both are measured in a plain `mapInArrow` job over the same partitions, one task per
 task slot as in the fit (on its ``spark.task.cpus`` threads). (a) is the job's wall time
 less its tasks' time after reading, so it holds Spark's task launch and the Arrow
 hand-over, which a fit pays once too; (b) is the slowest partition's median, since
-evaluations wait for every partition. Everything between the floor and the fit (pulls,
-pushes, rounds, line-search bookkeeping, set-up phases) is a cost the fit's own phase
-timings list.
+evaluations wait for every partition. The job runs `passes` times and the floor takes the
+fastest pass's (a) and the median pass's (b): a floor is what the machine can do, and
+one pass alone swung by 60% on the same cached rows (1.36-2.16 s at 2^24 and 1M rows).
+Everything between the floor and the fit (pulls, pushes, rounds, line-search bookkeeping,
+set-up phases) is a cost the fit's own phase timings list.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ __all__ = ["measure_floor", "floor_row"]
 _SCHEMA = "read_s double, after_s double, eval_s double, rows long, keys long"
 
 
-def measure_floor(df: Any, features_col: str, label_col: str = "label", reps: int = 5) -> dict:
-    """(a) Arrow pass seconds and (b) seconds per local evaluation on `df`'s partitions."""
+def measure_floor(
+    df: Any, features_col: str, label_col: str = "label", reps: int = 5, passes: int = 3
+) -> dict:
+    """(a) Arrow pass seconds and (b) seconds per local evaluation on `df`'s partitions,
+    from `passes` jobs (every pass's (a) is kept too)."""
 
     def task(batches):
         import numpy as np
@@ -64,16 +69,26 @@ def measure_floor(df: Any, features_col: str, label_col: str = "label", reps: in
             }
         )
 
-    t0 = time.perf_counter()
-    parts = df.mapInArrow(task, _SCHEMA).collect()
-    wall = time.perf_counter() - t0
-    after = max((p.after_s for p in parts), default=0.0)
-    return {
-        "arrow pass s": max(wall - after, 0.0),
-        "read in task s": max((p.read_s for p in parts), default=0.0),
-        "eval s": max((p.eval_s for p in parts), default=0.0),
-        "rows": sum(p.rows for p in parts),
-        "partitions": len(parts),
+    runs = []
+    for _ in range(max(passes, 1)):
+        t0 = time.perf_counter()
+        parts = df.mapInArrow(task, _SCHEMA).collect()
+        wall = time.perf_counter() - t0
+        after = max((p.after_s for p in parts), default=0.0)
+        runs.append(
+            {
+                "arrow pass s": max(wall - after, 0.0),
+                "read in task s": max((p.read_s for p in parts), default=0.0),
+                "eval s": max((p.eval_s for p in parts), default=0.0),
+                "rows": sum(p.rows for p in parts),
+                "partitions": len(parts),
+            }
+        )
+    evals = sorted(r["eval s"] for r in runs)
+    best = min(runs, key=lambda r: r["arrow pass s"])
+    return best | {
+        "eval s": evals[len(evals) // 2],
+        "arrow passes s": [round(r["arrow pass s"], 3) for r in runs],
     }
 
 
