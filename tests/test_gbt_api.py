@@ -298,6 +298,8 @@ def test_empty_and_bad_regression_labels(spark, local_trainer):
         GBTRegressor(maxIter=1, validationIndicatorCol="isVal").fit(df)
     with pytest.raises(ValueError, match="requires size of input RDD > 0"):  # no training row
         GBTRegressor(maxIter=1, validationIndicatorCol="isVal").fit(df.where("isVal"))
+    with pytest.raises(ValueError, match="'isVal' is true on no row"):  # no validation row
+        GBTRegressor(maxIter=1, validationIndicatorCol="isVal").fit(df.where("not isVal"))
 
 
 # --------------------------------------------------------------------------- MLlib equivalence

@@ -280,6 +280,22 @@ def test_without_a_check_job_the_workers_refusal_is_the_error(spark_ps, data):
         train_gbt(est._prepare(bad), est._params_dict())
 
 
+def test_a_validation_column_true_on_no_row_is_refused_by_name(spark_ps, data):
+    """MLlib fails with "empty collection"; a NaN validation loss must not pass for a model
+    (before, the fit kept one tree and warned of 0/0)."""
+    from spark_ps.ml.gbt.distributed import train_gbt
+
+    flagged = data.withColumn("isVal", F.lit(False))
+    est = GBTClassifier(maxIter=3, maxDepth=2, validationIndicatorCol="isVal")
+    with pytest.raises(ValueError, match="validationIndicatorCol 'isVal' is true on no row"):
+        est.fit(flagged)
+    train, validation = est._split(flagged)  # the trainer's own refusal, from its meta round
+    with pytest.raises(ValueError, match="validationIndicatorCol 'isVal' is true on no row"):
+        train_gbt(est._prepare(train), est._params_dict(), validation=est._prepare(validation))
+    model = est.fit(flagged.withColumn("isVal", F.col("label") > 0.5))  # some rows validate
+    assert 1 <= model.getNumTrees <= 3
+
+
 def test_the_driver_state_snapshot_is_a_copy_later_trees_leave_alone():
     """A tree boundary keeps the driver's state for a rollback: later trees must not change
     the copy, and the trees read so far are shared, not copied again at every boundary."""

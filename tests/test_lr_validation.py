@@ -175,6 +175,9 @@ def test_bad_validation_columns_and_unsupported_fits_are_refused(spark_ps):
     )
     with pytest.raises(ValueError, match=r"validation row \(column 'isVal'.*has label 2.0"):
         LogisticRegression(validationIndicatorCol="isVal").fit(odd)
+    # a column true on no row: refused, not a fit whose every validation AUC is NaN
+    with pytest.raises(ValueError, match=r"validationIndicatorCol 'isVal' is true on no row"):
+        LogisticRegression(validationIndicatorCol="isVal").fit(df.where(~F.col("isVal")))
 
 
 def test_bound_constrained_fit_holds_validation_rows_out_too(spark_ps):

@@ -121,6 +121,15 @@ def split_validation(dataset: DataFrame, name: str) -> tuple[DataFrame, DataFram
     return dataset.where(~flag), dataset.where(flag)
 
 
+def no_validation_rows(name: str) -> str:
+    """The error for a validationIndicatorCol `name` that marks no row as validation (MLlib
+    fails deep in its fit with "empty collection")."""
+    return (
+        f"validationIndicatorCol {name!r} is true on no row: there is nothing to validate "
+        "on; mark some rows true, or unset the Param"
+    )
+
+
 def training_flag(name: str) -> Any:
     """1 for a training row of validationIndicatorCol `name`, null for any other row (what
     ``F.count`` skips and ``F.when`` tests as false)."""

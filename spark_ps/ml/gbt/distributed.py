@@ -34,7 +34,7 @@ from spark_ps.context import PSContext
 from spark_ps.ml._job import PSJob, best_effort
 from spark_ps.ml._progress import Progress
 from spark_ps.ml._recovery import FitRecovery, redo_on_restart
-from spark_ps.ml.base import PreparedData, densified
+from spark_ps.ml.base import PreparedData, densified, no_validation_rows
 from spark_ps.ml.gbt import boost_worker
 from spark_ps.ml.gbt.boost_worker import early_stop, tree_topic
 from spark_ps.ml.gbt.estimator import register_trainer
@@ -170,9 +170,10 @@ class _RowsRefused(Exception):
     """The workers' read refused rows; the fit stops and the driver words the error."""
 
 
-def _check_meta(job: PSJob, meta: np.ndarray) -> None:
+def _check_meta(job: PSJob, meta: np.ndarray, validation: str | None = None) -> None:
     """Raise :class:`_RowsRefused` if the workers' read refused rows, partitions disagree on
-    the number of features, or no row trains (see :func:`train_gbt`)."""
+    the number of features, no row trains, or no row validates though `validation` (the
+    validationIndicatorCol) asks for some (see :func:`train_gbt`)."""
     has_rows = (meta[:, 0] + meta[:, 1]) > 0
     dims = set(meta[has_rows, 3].astype(np.int64).tolist())
     refused = np.flatnonzero(meta[:, 4] > 0)
@@ -184,12 +185,15 @@ def _check_meta(job: PSJob, meta: np.ndarray) -> None:
         raise _RowsRefused(
             "DecisionTree requires size of input RDD > 0, but was given by empty one."
         )
+    if validation is not None and meta[:, 1].sum() == 0:
+        raise _RowsRefused(no_validation_rows(validation))
 
 
-def _prepare(job: PSJob, ps, p, attempt: int = 0) -> dict:
+def _prepare(job: PSJob, ps, p, attempt: int = 0, validation: str | None = None) -> dict:
     """Set-up rounds: row counts, the merged sketch -> thresholds and the total weight; the
     boost command (the workers bin their rows as it starts).
-    `attempt` > 0: redone after a shard restart (`redo_on_restart`), under fresh names."""
+    `attempt` > 0: redone after a shard restart (`redo_on_restart`), under fresh names;
+    `validation`: the validationIndicatorCol, when the fit has one."""
     nw = job.num_workers
     t0 = time.perf_counter()
     classification = get_loss(p.lossType).is_classification
@@ -197,7 +201,7 @@ def _prepare(job: PSJob, ps, p, attempt: int = 0) -> dict:
     _, meta = job.call("meta", n_workers=nw, classification=classification)
     t1 = time.perf_counter()
     meta = meta.reshape(nw, 5)
-    _check_meta(job, meta)
+    _check_meta(job, meta, validation)
     n_rows, max_w = int(meta[:, 0].sum()), float(meta[:, 2].max())
     n_features = int(meta[:, 3].max())
     name = f"{job.topic}/redo{attempt}" if attempt else job.topic
@@ -276,7 +280,8 @@ def train_gbt(
         ps.fit_started(recovery)
         try:
             try:  # a shard restart during the set-up rounds: they are redone
-                cmd = redo_on_restart(job, job.name, lambda n: _prepare(job, ps, p, n))
+                val_col = params.get("validationIndicatorCol") if validation else None
+                cmd = redo_on_restart(job, job.name, lambda n: _prepare(job, ps, p, n, val_col))
             except Exception as e:  # bad rows (or an empty input) may have ended the job
                 job.stop(raise_errors=False)  # it holds the task slots check_rows needs
                 if check_rows is not None:

@@ -46,6 +46,7 @@ from spark_ps.ml.base import (
     check_features,
     check_weights,
     feature_checks,
+    no_validation_rows,
     prepare_fit_data,
     split_validation,
     training_flag,
@@ -213,6 +214,9 @@ class _GBTEstimator(DefaultParamsWritable):
             F.count(self._training_flag() if training else F.lit(1)).alias("n"),
             F.first(F.when(bad_label, F.struct(label.alias("v"))), ignorenulls=True).alias("bl"),
         ]
+        if training:
+            flag = F.col(_quote(self.getOrDefault("validationIndicatorCol")))
+            aggs.append(F.count(F.when(flag, F.lit(1))).alias("nv"))
         aggs += weight_checks(weight_col)
         aggs += feature_checks(dataset.schema, self.getFeaturesCol())
         row = dataset.agg(*aggs).head()
@@ -220,6 +224,8 @@ class _GBTEstimator(DefaultParamsWritable):
             raise ValueError(
                 "DecisionTree requires size of input RDD > 0, but was given by empty one."
             )
+        if training and row["nv"] == 0:
+            raise ValueError(no_validation_rows(self.getOrDefault("validationIndicatorCol")))
         if row["bl"] is not None:
             raise ValueError(self._label_message(row["bl"]["v"]) + f" (labelCol {label_col!r})")
         check_weights(row, weight_col)

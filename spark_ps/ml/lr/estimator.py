@@ -31,6 +31,7 @@ from spark_ps.ml.base import (
     check_features,
     check_weights,
     feature_checks,
+    no_validation_rows,
     prepare_fit_data,
     split_validation,
     training_flag,
@@ -489,6 +490,8 @@ class LogisticRegression(
             )
         if val_col is not None and multinomial:
             raise self._no_validation(val_col, f"a multinomial fit ({num_classes} classes)")
+        if val_col is not None and vmax is None:  # else every validation AUC would be NaN
+            raise ValueError(no_validation_rows(val_col))
         return num_classes, multinomial
 
     def _check_counts(self, counts) -> None:
