@@ -27,6 +27,7 @@ __all__ = [
     "REPO_ROOT",
     "Timer",
     "PeakMemory",
+    "ProcessCPU",
     "auc",
     "bench_session",
     "fmt_ratio",
@@ -200,6 +201,68 @@ class PeakMemory:
     def py_mib(self) -> float:
         """Peak sampled Python driver RSS in MiB."""
         return self.py_peak / 2**20
+
+
+#: What a process is, by its command line (the first kind whose words it holds); the
+#: benchmark's own process is "driver" and anything else "other".
+_CPU_KINDS = (
+    ("PS", ("ps_server",)),
+    ("Python workers", ("pyspark.daemon", "pyspark.worker", "spark_ps.worker_daemon")),
+    ("JVM", ("java",)),
+)
+
+
+def _cpu_by_process() -> dict[int, tuple[str, float]]:
+    """{pid: (kind, user + system CPU seconds so far)} of every process this user can see."""
+    import psutil
+
+    me, out = os.getpid(), {}
+    for proc in psutil.process_iter(["cmdline", "cpu_times"]):
+        times, cmd = proc.info["cpu_times"], " ".join(proc.info["cmdline"] or ())
+        if times is None:
+            continue
+        kind = "driver" if proc.pid == me else "other"
+        if proc.pid != me:
+            kind = next((k for k, words in _CPU_KINDS if any(w in cmd for w in words)), kind)
+        out[proc.pid] = (kind, times.user + times.system)
+    return out
+
+
+class ProcessCPU:
+    """CPU seconds the machine's processes spent while the block ran, by kind (PS, Python
+    workers, JVM, driver, other), beside what the cores could give (wall x cores).
+
+    Why: where the workers, the PS shards and the JVM share the cores, every second the
+    shards or the JVM spend is taken from the workers, so a fit cannot reach a floor that
+    gives the workers every core; this shows how much was taken, and how near the machine
+    ran to full. A process that exited inside the block is not counted.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.capacity = 0.0
+        self._before: dict[int, tuple[str, float]] = {}
+        self._t0 = 0.0
+
+    def __enter__(self) -> ProcessCPU:
+        self._before = _cpu_by_process()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self._t0
+        self.capacity = wall * (os.cpu_count() or 1)
+        seconds: dict[str, float] = {}
+        for pid, (kind, cpu) in _cpu_by_process().items():
+            spent = cpu - self._before.get(pid, (kind, 0.0))[1]
+            seconds[kind] = seconds.get(kind, 0.0) + max(spent, 0.0)
+        self.seconds = {k: round(v, 2) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
+
+    def line(self) -> str:
+        """``CPU s: {kind: seconds} of <capacity> (x% busy)``."""
+        used = sum(self.seconds.values())
+        busy = 100.0 * used / self.capacity if self.capacity else 0.0
+        return f"CPU s: {self.seconds} of {self.capacity:.2f} ({busy:.0f}% busy)"
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:

@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a file: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (
+    ProcessCPU,
     Timer,
     auc,
     bench_session,
@@ -126,10 +127,16 @@ def parse_configs(text: str) -> list[tuple[int, int]]:
     return out
 
 
+#: Print each Spark fit's CPU by process kind (``--profile``).
+PRINT_CPU = False
+
+
 def _spark_fit(cls: Any, params: dict[str, Any], train: Any, test: Any) -> tuple:
     est = cls(**params)
-    with Timer() as t:
+    with ProcessCPU() as cpu, Timer() as t:
         model = est.fit(train)
+    if PRINT_CPU:
+        print(f"  {cls.__module__.split('.')[0]} fit {t.elapsed:.3f} s; {cpu.line()}", flush=True)
     return t.elapsed, model_auc(model, test), model
 
 
@@ -329,6 +336,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     impls = parse_impls(args.impl, IMPLS + GOSS_IMPLS)
     if args.profile:
+        global PRINT_CPU
+        PRINT_CPU = True
         logging.basicConfig(format="  %(message)s")
         logging.getLogger("spark_ps.ml.gbt").setLevel(logging.INFO)
     configs = parse_configs(args.configs)

@@ -26,6 +26,7 @@ if __package__ in (None, ""):  # run as a file: make `bench` importable
 from bench.common import (
     REPO_ROOT,
     PeakMemory,
+    ProcessCPU,
     Timer,
     bench_session,
     fmt_ratio,
@@ -206,8 +207,9 @@ def fit_one(
     rows, reading the parses the first one saved, and is compared with the same floor."""
     row: dict[str, Any] = {"impl": impl, "status": "ok"}
     try:
-        with PeakMemory(spark) as mem, Timer() as t:
+        with PeakMemory(spark) as mem, ProcessCPU() as cpu, Timer() as t:
             model = est.fit(case.train)
+        print(f"{impl} {case.dataset} {case.dim} fit {t.elapsed:.3f} s; {cpu.line()}", flush=True)
         summary = model.summary
         iters = int(summary.totalIterations)
         history = list(summary.objectiveHistory)

@@ -3,9 +3,14 @@ speed lives in the benches' own output, not in tests)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
 from bench import lr as bench_lr
+from bench.common import ProcessCPU
 from bench.floor import floor_row
 
 
@@ -25,6 +30,8 @@ def test_lr_bench_prints_the_fit_against_its_compute_floor(spark, capsys):
         ours["fit s"] / ours["floor s"]
     )
     assert "x the floor; costs (s):" in out and "worker pull" in out
+    assert "sparkps synthetic 2^12 fit" in out and "% busy)" in out  # the fit's CPU split
+    assert "(fastest of [" in out  # the floor's Arrow pass, with every pass it took
     assert "solver algebra" in out and "outside the phases" in out
     assert "| fit/floor |" in out
     # the refit reads the first fit's saved parses and reaches the same loss
@@ -51,3 +58,37 @@ def test_the_floor_row_lists_the_solver_and_what_lies_outside_the_phases():
     assert costs["solver algebra"] == pytest.approx(0.25 + 5.0 - (0.1 + 4.0 + 0.2 + 0.2))
     assert costs["outside the phases"] == pytest.approx(7.25 - 7.0)
     assert costs["rounds beyond compute"] == pytest.approx(4.0 - 3.2 - 0.3 - 0.2)
+
+
+def _spin(seconds: float) -> None:
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+
+
+def test_process_cpu_splits_the_machines_cpu_by_kind_of_process():
+    """A process whose command line names ps_server counts as PS, this one as the driver;
+    both spin 0.3 CPU seconds inside the block (CPU time is counted in 10 ms ticks)."""
+    code = (
+        "import sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.3: pass\n"
+        "print('spun', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = None
+    try:
+        with ProcessCPU() as cpu:
+            child = subprocess.Popen(
+                [sys.executable, "-c", code, "ps_server"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            _spin(0.3)
+            assert child.stdout.readline().strip() == "spun"
+        assert cpu.seconds["PS"] >= 0.25 and cpu.seconds["driver"] >= 0.25, cpu.seconds
+        assert cpu.capacity >= 0.3 and "% busy)" in cpu.line()
+    finally:
+        if child is not None:
+            child.communicate("")  # it exits once its stdin closes

@@ -28,7 +28,7 @@ BENCHES = {
     ),
     "gbt": (
         "--impl mllib,sparkps --configs 2x2 --rows 2000 --no-warmup --driver-memory 1g "
-        "--dataset dense80 --refit",
+        "--dataset dense80 --refit --profile",
         # --refit: the refit read the saved parses (True) and grew the same trees (True)
         r"^\| 2x2 .*\| sparkps .*\| True +\| True +\| ok +\|$",
     ),
