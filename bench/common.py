@@ -203,34 +203,53 @@ class PeakMemory:
         return self.py_peak / 2**20
 
 
-#: What a process is, by its command line (the first kind whose words it holds); the
-#: benchmark's own process is "driver" and anything else "other".
+#: What a process of this benchmark's own tree is, by its command line (the first kind
+#: whose words it holds); a JVM is known by its executable's name first, since PySpark puts
+#: Spark confs (module names among them) on its command line.
 _CPU_KINDS = (
     ("PS", ("ps_server",)),
     ("Python workers", ("pyspark.daemon", "pyspark.worker", "spark_ps.worker_daemon")),
-    ("JVM", ("java",)),
 )
 
 
-def _cpu_by_process() -> dict[int, tuple[str, float]]:
-    """{pid: (kind, user + system CPU seconds so far)} of every process this user can see."""
+def _cpu_by_process() -> dict[tuple[int, float], tuple[str, float]]:
+    """{(pid, start time): (kind, user + system CPU seconds so far)} of every process this
+    user can see: this one is "driver", its descendants "JVM", "PS", "Python workers" or
+    "ours, other", and every process outside its tree "other" (the machine's other load)."""
     import psutil
 
-    me, out = os.getpid(), {}
-    for proc in psutil.process_iter(["cmdline", "cpu_times"]):
-        times, cmd = proc.info["cpu_times"], " ".join(proc.info["cmdline"] or ())
+    me = psutil.Process()
+    ours = {p.pid for p in me.children(recursive=True)}
+    out = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times", "create_time"]):
+        info, times = proc.info, proc.info["cpu_times"]
         if times is None:
             continue
-        kind = "driver" if proc.pid == me else "other"
-        if proc.pid != me:
-            kind = next((k for k, words in _CPU_KINDS if any(w in cmd for w in words)), kind)
-        out[proc.pid] = (kind, times.user + times.system)
+        if proc.pid == me.pid:
+            kind = "driver"
+        elif proc.pid not in ours:
+            kind = "other"
+        elif (info["name"] or "").startswith("java"):
+            kind = "JVM"
+        else:
+            cmd = " ".join(info["cmdline"] or ())
+            kind = next((k for k, w in _CPU_KINDS if any(x in cmd for x in w)), "ours, other")
+        out[(proc.pid, info["create_time"] or 0.0)] = (kind, times.user + times.system)
     return out
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class ProcessCPU:
-    """CPU seconds the machine's processes spent while the block ran, by kind (PS, Python
-    workers, JVM, driver, other), beside what the cores could give (wall x cores).
+    """CPU seconds the machine's processes spent while the block ran, by kind (this
+    process, and of its descendants the JVM, PS, Python workers; every other process as
+    "other"), beside what the cores could give (wall x cores).
 
     Why: where the workers, the PS shards and the JVM share the cores, every second the
     shards or the JVM spend is taken from the workers, so a fit cannot reach a floor that
@@ -241,7 +260,7 @@ class ProcessCPU:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.capacity = 0.0
-        self._before: dict[int, tuple[str, float]] = {}
+        self._before: dict[tuple[int, float], tuple[str, float]] = {}
         self._t0 = 0.0
 
     def __enter__(self) -> ProcessCPU:
@@ -251,11 +270,11 @@ class ProcessCPU:
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._t0
-        self.capacity = wall * (os.cpu_count() or 1)
+        self.capacity = wall * _cores()
         seconds: dict[str, float] = {}
-        for pid, (kind, cpu) in _cpu_by_process().items():
-            spent = cpu - self._before.get(pid, (kind, 0.0))[1]
-            seconds[kind] = seconds.get(kind, 0.0) + max(spent, 0.0)
+        for key, (kind, cpu) in _cpu_by_process().items():
+            spent = cpu - self._before.get(key, (kind, 0.0))[1]
+            seconds[kind] = seconds.get(kind, 0.0) + spent
         self.seconds = {k: round(v, 2) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
 
     def line(self) -> str:

@@ -15,6 +15,8 @@ hand-over, which a fit pays once too; (b) is the slowest partition's median, sin
 evaluations wait for every partition. The job runs `passes` times and the floor takes the
 fastest pass's (a) and the median pass's (b): a floor is what the machine can do, and
 one pass alone swung by 60% on the same cached rows (1.36-2.16 s at 2^24 and 1M rows).
+The first pass is often the slowest, partly a warm-up that a fit's own read pays too, so a
+first fit cannot quite reach this floor.
 Everything between the floor and the fit (pulls, pushes, rounds, line-search bookkeeping,
 set-up phases) is a cost the fit's own phase timings list.
 """

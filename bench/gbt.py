@@ -335,9 +335,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Run every config with every implementation; print one markdown table per config."""
     args = parse_args(argv)
     impls = parse_impls(args.impl, IMPLS + GOSS_IMPLS)
+    global PRINT_CPU
+    PRINT_CPU = bool(args.profile)
     if args.profile:
-        global PRINT_CPU
-        PRINT_CPU = True
         logging.basicConfig(format="  %(message)s")
         logging.getLogger("spark_ps.ml.gbt").setLevel(logging.INFO)
     configs = parse_configs(args.configs)

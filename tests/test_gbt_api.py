@@ -300,6 +300,10 @@ def test_empty_and_bad_regression_labels(spark, local_trainer):
         GBTRegressor(maxIter=1, validationIndicatorCol="isVal").fit(df.where("isVal"))
     with pytest.raises(ValueError, match="'isVal' is true on no row"):  # no validation row
         GBTRegressor(maxIter=1, validationIndicatorCol="isVal").fit(df.where("not isVal"))
+    rows = [(float("inf"), False, Vectors.dense(0.0)), (1.0, False, Vectors.dense(1.0))]
+    bad = spark.createDataFrame(rows, ["label", "isVal", "features"])
+    with pytest.raises(ValueError, match="MUST NOT be Infinity"):  # the rows' error comes first
+        GBTRegressor(maxIter=1, validationIndicatorCol="isVal").fit(bad)
 
 
 # --------------------------------------------------------------------------- MLlib equivalence

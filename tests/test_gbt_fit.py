@@ -292,7 +292,11 @@ def test_a_validation_column_true_on_no_row_is_refused_by_name(spark_ps, data):
     train, validation = est._split(flagged)  # the trainer's own refusal, from its meta round
     with pytest.raises(ValueError, match="validationIndicatorCol 'isVal' is true on no row"):
         train_gbt(est._prepare(train), est._params_dict(), validation=est._prepare(validation))
-    model = est.fit(flagged.withColumn("isVal", F.col("label") > 0.5))  # some rows validate
+    params = {k: v for k, v in est._params_dict().items() if k != "validationIndicatorCol"}
+    with pytest.raises(ValueError, match="the validation set holds no row"):  # no Param set
+        train_gbt(est._prepare(train), params, validation=est._prepare(validation))
+    some = flagged.withColumn("isVal", F.abs(F.hash("score")) % 4 == 0)  # a quarter validate
+    model = est.fit(some)
     assert 1 <= model.getNumTrees <= 3
 
 

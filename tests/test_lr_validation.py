@@ -175,9 +175,16 @@ def test_bad_validation_columns_and_unsupported_fits_are_refused(spark_ps):
     )
     with pytest.raises(ValueError, match=r"validation row \(column 'isVal'.*has label 2.0"):
         LogisticRegression(validationIndicatorCol="isVal").fit(odd)
-    # a column true on no row: refused, not a fit whose every validation AUC is NaN
+    # a column true on no row: refused, not a fit whose every validation AUC is NaN; from
+    # the workers' label counts (a fit) and from the estimator's own Spark job alike
+    none = df.where(~F.col("isVal"))
     with pytest.raises(ValueError, match=r"validationIndicatorCol 'isVal' is true on no row"):
-        LogisticRegression(validationIndicatorCol="isVal").fit(df.where(~F.col("isVal")))
+        LogisticRegression(validationIndicatorCol="isVal").fit(none)
+    est = LogisticRegression(validationIndicatorCol="isVal")
+    counts = est._check_labels(none, "isVal")
+    assert counts["vmax"] is None and counts["n"] == none.count()
+    with pytest.raises(ValueError, match=r"validationIndicatorCol 'isVal' is true on no row"):
+        est._decide(counts, 0, "isVal")
 
 
 def test_bound_constrained_fit_holds_validation_rows_out_too(spark_ps):

@@ -121,9 +121,12 @@ def split_validation(dataset: DataFrame, name: str) -> tuple[DataFrame, DataFram
     return dataset.where(~flag), dataset.where(flag)
 
 
-def no_validation_rows(name: str) -> str:
+def no_validation_rows(name: str | None) -> str:
     """The error for a validationIndicatorCol `name` that marks no row as validation (MLlib
-    fails deep in its fit with "empty collection")."""
+    fails deep in its fit with "empty collection"); `name` None: a validation set given to a
+    trainer directly, without the Param."""
+    if name is None:
+        return "the validation set holds no row: there is nothing to validate on"
     return (
         f"validationIndicatorCol {name!r} is true on no row: there is nothing to validate "
         "on; mark some rows true, or unset the Param"

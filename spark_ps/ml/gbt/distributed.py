@@ -170,10 +170,11 @@ class _RowsRefused(Exception):
     """The workers' read refused rows; the fit stops and the driver words the error."""
 
 
-def _check_meta(job: PSJob, meta: np.ndarray, validation: str | None = None) -> None:
+def _check_meta(job: PSJob, meta: np.ndarray, empty_validation: str | None = None) -> None:
     """Raise :class:`_RowsRefused` if the workers' read refused rows, partitions disagree on
-    the number of features, no row trains, or no row validates though `validation` (the
-    validationIndicatorCol) asks for some (see :func:`train_gbt`)."""
+    the number of features, no row trains, or the fit has a validation set
+    (`empty_validation`: the error if it holds no row) and no row validates (see
+    :func:`train_gbt`)."""
     has_rows = (meta[:, 0] + meta[:, 1]) > 0
     dims = set(meta[has_rows, 3].astype(np.int64).tolist())
     refused = np.flatnonzero(meta[:, 4] > 0)
@@ -185,15 +186,15 @@ def _check_meta(job: PSJob, meta: np.ndarray, validation: str | None = None) -> 
         raise _RowsRefused(
             "DecisionTree requires size of input RDD > 0, but was given by empty one."
         )
-    if validation is not None and meta[:, 1].sum() == 0:
-        raise _RowsRefused(no_validation_rows(validation))
+    if empty_validation is not None and meta[:, 1].sum() == 0:
+        raise _RowsRefused(empty_validation)
 
 
-def _prepare(job: PSJob, ps, p, attempt: int = 0, validation: str | None = None) -> dict:
+def _prepare(job: PSJob, ps, p, attempt: int = 0, empty_validation: str | None = None) -> dict:
     """Set-up rounds: row counts, the merged sketch -> thresholds and the total weight; the
     boost command (the workers bin their rows as it starts).
     `attempt` > 0: redone after a shard restart (`redo_on_restart`), under fresh names;
-    `validation`: the validationIndicatorCol, when the fit has one."""
+    `empty_validation`: the error for an empty validation set, when the fit has one."""
     nw = job.num_workers
     t0 = time.perf_counter()
     classification = get_loss(p.lossType).is_classification
@@ -201,7 +202,7 @@ def _prepare(job: PSJob, ps, p, attempt: int = 0, validation: str | None = None)
     _, meta = job.call("meta", n_workers=nw, classification=classification)
     t1 = time.perf_counter()
     meta = meta.reshape(nw, 5)
-    _check_meta(job, meta, validation)
+    _check_meta(job, meta, empty_validation)
     n_rows, max_w = int(meta[:, 0].sum()), float(meta[:, 2].max())
     n_features = int(meta[:, 3].max())
     name = f"{job.topic}/redo{attempt}" if attempt else job.topic
@@ -248,8 +249,9 @@ def train_gbt(
     """The PS trainer of GBTClassifier/GBTRegressor (see spark_ps.ml.gbt.estimator).
 
     The workers' read validates every row (labels, weights, feature values, vector sizes);
-    only when it refused something, partitions disagree on the number of features or no row
-    trains does the driver, once the job has ended (it holds every task slot), run
+    only when it refused something, partitions disagree on the number of features, no row
+    trains or a `validation` set holds no row does the driver, once the job has ended (it
+    holds every task slot), run
     ``check_rows``: the estimator's Spark job that finds the offending row and raises
     MLlib's error. Clean data thus costs no extra Spark job (~1.1-1.7 s per fit, measured
     on nycflights under load)."""
@@ -280,8 +282,10 @@ def train_gbt(
         ps.fit_started(recovery)
         try:
             try:  # a shard restart during the set-up rounds: they are redone
-                val_col = params.get("validationIndicatorCol") if validation else None
-                cmd = redo_on_restart(job, job.name, lambda n: _prepare(job, ps, p, n, val_col))
+                empty = None  # the error for an empty validation set, when there is one
+                if validation is not None:
+                    empty = no_validation_rows(params.get("validationIndicatorCol"))
+                cmd = redo_on_restart(job, job.name, lambda n: _prepare(job, ps, p, n, empty))
             except Exception as e:  # bad rows (or an empty input) may have ended the job
                 job.stop(raise_errors=False)  # it holds the task slots check_rows needs
                 if check_rows is not None:

@@ -20,8 +20,9 @@ are the others. ``history`` is the training loss per iteration, or a mapping who
 ``"train_loss"`` holds it.
 
 A trainer may also take ``check_rows: Callable[[], None]``: it then validates the rows as it
-reads them and calls ``check_rows()`` (a Spark job that raises MLlib's error for the first bad
-row) only when it found something to refuse. Other trainers get rows checked before they start.
+reads them (and refuses a ``validation`` set without rows) and calls ``check_rows()`` (a Spark
+job that raises MLlib's error for the first bad row, or the empty validation set's) only when
+it found something to refuse. Other trainers get rows checked before they start.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ class _GBTEstimator(DefaultParamsWritable):
     def _check_rows(self, dataset: DataFrame, training: bool) -> None:
         """One Spark job over all rows: labels, weights and features are what MLlib accepts
         (see `feature_checks`), and some rows train (``training``: only those whose
-        validationIndicatorCol is false count)."""
+        validationIndicatorCol is false count, and some others must validate)."""
         label_col, weight_col = self.getLabelCol(), self._weight_col()
         label = F.col(_quote(label_col)).cast("double")
         bad_label = label.isNull() | F.isnan(label)
@@ -224,12 +225,12 @@ class _GBTEstimator(DefaultParamsWritable):
             raise ValueError(
                 "DecisionTree requires size of input RDD > 0, but was given by empty one."
             )
-        if training and row["nv"] == 0:
-            raise ValueError(no_validation_rows(self.getOrDefault("validationIndicatorCol")))
         if row["bl"] is not None:
             raise ValueError(self._label_message(row["bl"]["v"]) + f" (labelCol {label_col!r})")
         check_weights(row, weight_col)
         check_features(row, self.getFeaturesCol())
+        if training and row["nv"] == 0:  # after the rows' own errors, which MLlib meets first
+            raise ValueError(no_validation_rows(self.getOrDefault("validationIndicatorCol")))
 
     def _label_message(self, value: float | None) -> str:
         if value is None or math.isnan(value):
