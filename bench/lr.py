@@ -45,7 +45,8 @@ __all__ = ["COLUMNS", "Case", "main", "parse_args"]
 IMPLS = ("mllib", "sparkps")
 DATASETS = ("synthetic", "flights", "dense")
 COLUMNS = (
-    "dataset", "dim", "train rows", "impl", "iters", "fit s", "s/iter", "setup s", "iter s",
+    "dataset", "dim", "train rows", "impl", "iters", "fit s", "fits s", "s/iter", "setup s",
+    "iter s",
     "final loss",
     "t to MLlib loss s", "JVM heap MiB", "py RSS MiB", "test AUC",
     "speedup", "speedup to loss", "heap ratio", "dAUC", "floor s", "fit/floor",
@@ -106,6 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="fit spark-ps again on the same cached rows (it reads its saved parses)",
     )
     p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="fits per implementation and case; the row is the median fit's (not with --refit)",
+    )
+    p.add_argument(
         "--task-cpus",
         type=int,
         default=1,
@@ -117,7 +124,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warmup", action="store_true", help="skip the tiny JIT warm-up fit")
     p.add_argument("--json-out", default=None, help="also write the rows as JSON here")
     p.add_argument("--child-timeout", type=float, default=1800.0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    if args.repeat > 1 and args.refit:  # a repeated first fit would read the saved parses
+        p.error("--repeat and --refit do not combine: every fit after the first is a refit")
+    return args
 
 
 def lr_params(args: argparse.Namespace, features_col: str) -> dict[str, Any]:
@@ -201,15 +213,24 @@ def fit_one(
     target: float | None,
     rtol: float,
     refit: bool = False,
+    repeat: int = 1,
 ):
     """Fit and score one implementation on one case; a failure becomes a row, not a crash.
     With `refit` a fit that reports its phases (spark-ps) runs again on the same cached
-    rows, reading the parses the first one saved, and is compared with the same floor."""
+    rows, reading the parses the first one saved, and is compared with the same floor.
+    `repeat` fits: the row is the median one's (the lower median of an even count), with
+    every fit's time beside it, against the same floor."""
     row: dict[str, Any] = {"impl": impl, "status": "ok"}
     try:
-        with PeakMemory(spark) as mem, ProcessCPU() as cpu, Timer() as t:
-            model = est.fit(case.train)
-        print(f"{impl} {case.dataset} {case.dim} fit {t.elapsed:.3f} s; {cpu.line()}", flush=True)
+        fits = []
+        for _ in range(repeat):
+            with PeakMemory(spark) as mem, ProcessCPU() as cpu, Timer() as t:
+                model = est.fit(case.train)
+            line = f"{impl} {case.dataset} {case.dim} fit {t.elapsed:.3f} s; {cpu.line()}"
+            print(line, flush=True)
+            fits.append((t.elapsed, model, mem))
+        elapsed, model, mem = sorted(fits, key=lambda f: f[0])[(len(fits) - 1) // 2]
+        row["fits s"] = " / ".join(f"{f[0]:.2f}" for f in fits)
         summary = model.summary
         iters = int(summary.totalIterations)
         history = list(summary.objectiveHistory)
@@ -217,14 +238,14 @@ def fit_one(
         phases = getattr(model, "_fit_phases", None)
         if phases:
             print(f"{impl} {case.dataset} {case.dim} phases (s): {phases}", flush=True)
-            row.update(_floor(case, t.elapsed, phases))
+            row.update(_floor(case, elapsed, phases))
             if refit:
                 row.update(_refit(impl, est, case, row, history))
         row.update(
             {
                 "iters": iters,
-                "fit s": t.elapsed,
-                "s/iter": t.elapsed / max(iters, 1),
+                "fit s": elapsed,
+                "s/iter": elapsed / max(iters, 1),
                 "setup s": stamps[0] if stamps else None,
                 "iter s": (stamps[-1] - stamps[0]) / iters if len(stamps) > 1 else None,
                 "final loss": history[-1] if history else None,
@@ -286,7 +307,7 @@ def _child_argv(impl: str, case: Case, args: argparse.Namespace, target: float |
     for flag in ("max_iter", "reg_param", "elastic_net_param", "tol", "standardization"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     argv += ["--nnz", str(args.nnz), "--seed", str(args.seed), "--partitions", str(args.partitions)]
-    argv += ["--task-cpus", str(args.task_cpus)]
+    argv += ["--task-cpus", str(args.task_cpus), "--repeat", str(args.repeat)]
     argv += ["--sparkps-params", args.sparkps_params, "--loss-rtol", str(args.loss_rtol)]
     if target is not None:
         argv += ["--target-loss", repr(target)]
@@ -377,7 +398,7 @@ def run_case(spark: Any, case: Case, impls: list[str], args: argparse.Namespace)
             row = _in_child(impl, case, args, target)
         else:
             est = estimator(impl, args, case.features_col)
-            row = fit_one(impl, est, case, spark, target, args.loss_rtol, args.refit)
+            row = fit_one(impl, est, case, spark, target, args.loss_rtol, args.refit, args.repeat)
         if impl == "mllib" and row["status"] == "ok":
             target = row["final loss"]
         rows.append({"dataset": case.dataset, "dim": case.dim, "train rows": n_train} | row)

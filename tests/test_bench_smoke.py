@@ -41,6 +41,30 @@ def test_lr_bench_prints_the_fit_against_its_compute_floor(spark, capsys):
     assert mllib["status"] == "ok" and mllib.get("floor s") is None
 
 
+@pytest.mark.slow
+def test_lr_bench_repeats_a_fit_and_keeps_the_median_one(spark, capsys):
+    rows = bench_lr.main(
+        [
+            "--impl", "sparkps", "--datasets", "synthetic", "--log2-dims", "12",
+            "--rows", "3000", "--nnz", "8", "--max-iter", "5", "--no-warmup", "--repeat", "2",
+        ]
+    )  # fmt: skip
+    (ours,) = rows
+    assert ours["status"] == "ok", ours
+    times = [float(t) for t in ours["fits s"].split(" / ")]
+    assert len(times) == 2 and ours["fit s"] == pytest.approx(min(times), abs=0.006)
+    assert capsys.readouterr().out.count("sparkps synthetic 2^12 fit ") == 2
+    assert ours["fit/floor"] == pytest.approx(ours["fit s"] / ours["floor s"])
+
+
+def test_lr_bench_refuses_repeated_first_fits_with_a_refit():
+    with pytest.raises(SystemExit):  # every fit after the first would read the saved parses
+        bench_lr.parse_args(["--repeat", "2", "--refit"])
+    with pytest.raises(SystemExit):
+        bench_lr.parse_args(["--repeat", "0"])
+    assert bench_lr.parse_args(["--repeat", "3"]).repeat == 3
+
+
 def test_the_floor_row_lists_the_solver_and_what_lies_outside_the_phases():
     """Every second of a fit is in the floor or a listed cost: the solver's own work is
     the first objective and the iterations less the evaluations; what the phases do not
