@@ -40,7 +40,7 @@ def preload() -> None:
 
     import spark_ps.ml.gbt.rounds  # noqa: F401
     import spark_ps.ml.lr.rounds  # noqa: F401
-    from spark_ps.ml.lr import row_blocks
+    from spark_ps.ml.lr import row_blocks, stats_pass
     from spark_ps.ml.tree import kernels
 
     # (no keep_freed_memory(): the user's own UDF workers fork from here too; spark-ps
@@ -48,6 +48,7 @@ def preload() -> None:
     if kernels.HAVE_JIT:
         kernels._warm()
     row_blocks.warm_up()  # LR's products (unit-valued rows take them on one thread too)
+    stats_pass.warm_up()  # the linear models' per-key statistics
     import pyspark.worker  # noqa: F401 - the daemon imports it in each child, after fork
 
     # pyarrow imports its compute module, and pandas if installed, at the first to_numpy():

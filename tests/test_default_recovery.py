@@ -115,7 +115,8 @@ def _check_recovered(ps, before: dict, models: set, kills: int, warm: bool = Tru
 @pytest.mark.slow
 def test_lbfgs_fit_survives_kills_in_set_up_iterations_and_final_pull(spark_ps, kill_after):
     """Default config: kills while the statistics are summed (set-up, nothing held: starts
-    over), in the first gradient round (the first pull of x: starts over), ~15 iterations
+    over), in the first gradient round (the first line search's trial, the start's value
+    coming from the statistics: nothing held yet, starts over), ~15 iterations
     in (a warm restart from the iterate held at iteration 10), and while the coefficients
     are read back (from the iterate held last)."""
     spark, ps = spark_ps

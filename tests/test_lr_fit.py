@@ -203,3 +203,53 @@ def test_one_hot_keys_numbered_densely_or_hashed_match_mllib(spark_ps, monkeypat
     _compare(ours, ref, rel=1e-5)
     assert ours.coefficients[0] == 0.0 == ref.coefficients[0]
     assert ours.summary.areaUnderROC == pytest.approx(ref.summary.areaUnderROC, abs=1e-4)
+
+
+def _long_keys_df(spark, n=1500, d=80, seed=12):
+    """Weighted rows of 2**40-range keys (numbered in a hash index, not in key order)."""
+    rng = np.random.default_rng(seed)
+    universe = np.sort(rng.choice(2**40, size=d, replace=False))
+    beta = rng.normal(size=d)
+    rows = []
+    for _ in range(n):
+        idx = np.sort(rng.choice(d, size=6, replace=False))
+        y = float(rng.uniform() < 1 / (1 + np.exp(-beta[idx].sum() + 0.7)))
+        rows.append((y, float(rng.uniform(0.2, 3.0)), universe[idx].tolist()))
+    return spark.createDataFrame(rows, "label double, weight double, features array<bigint>")
+
+
+@pytest.mark.parametrize(
+    "case, params",
+    [
+        ("dense", dict(weightCol="weight")),
+        ("dense", dict(fitIntercept=False, elasticNetParam=0.5)),
+        ("long keys", dict(weightCol="weight")),
+    ],
+)
+def test_start_from_the_statistics_equals_a_pass_over_the_rows(spark_ps, monkeypatch, case, params):
+    """The solver's first evaluation (MLlib's start: coefficients 0, intercept log-odds) is
+    derived from the statistics round's per-key sums instead of a pass over the rows: the
+    same value and gradient up to float rounding, hence the same path, with one worker
+    evaluation fewer."""
+    from spark_ps.ml.lr import distributed
+
+    spark, _ = spark_ps
+    df = _dense_df(spark, weights=True, seed=7) if case == "dense" else _long_keys_df(spark)
+    lr = LogisticRegression(maxIter=8, tol=1e-12, regParam=0.01, **params)
+    derived = lr.fit(df)
+    real = distributed._Fit.stats
+    monkeypatch.setattr(distributed._Fit, "stats", lambda self, start=False: real(self, False))
+    passed = lr.fit(df)
+    h1, h2 = derived.summary.objectiveHistory, passed.summary.objectiveHistory
+    assert len(h1) == len(h2) == 9
+    assert h1[0] == pytest.approx(h2[0], rel=1e-14)
+    np.testing.assert_allclose(h1, h2, rtol=1e-11)
+    if case == "dense":
+        a, b = derived.coefficients.toArray(), passed.coefficients.toArray()
+    else:
+        a, b = derived.coefficientValues, passed.coefficientValues
+        assert derived.coefficientKeys.tolist() == passed.coefficientKeys.tolist()
+    np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert derived.intercept == pytest.approx(passed.intercept, rel=1e-9, abs=1e-12)
+    evaluations = derived._fit_phases["evaluations"], passed._fit_phases["evaluations"]
+    assert evaluations[0] == evaluations[1] - 1 > 0

@@ -794,3 +794,84 @@ def test_dense_coefficients_come_from_zeros_made_on_a_thread() -> None:
     assert np.array_equal(Zeros(2, 3).take(2, 3), np.zeros((2, 3)))
     other = Zeros(4)
     assert other.take(5).shape == (5,) and not other.take(4).any()  # taken once: made anew
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("kind", ["sparse", "units", "dense"])
+def test_label_sums_are_the_gradient_at_a_constant_margin(monkeypatch, parts, kind) -> None:
+    """``sigmoid(b0) * s1 - label_sums`` is the data gradient where every margin is b0 (the
+    statistics round's start point): on scipy's, the unit rows' and BLAS's products, on one
+    thread and on several; a batch without labels is refused."""
+    from spark_ps.data import DenseBatch
+    from spark_ps.ml import threads
+    from spark_ps.ml.lr import objective
+
+    rng = np.random.default_rng(21)
+    X = scipy.sparse.random(1200, 90, density=0.1, random_state=rng, format="csr")
+    if kind == "units":
+        X.data[:] = 1.0
+    y, w = rng.integers(0, 2, 1200).astype(float), rng.uniform(0.1, 3.0, 1200)
+    keys, local = batch_of(X, y, w).localize()
+    if kind == "dense":
+        local = DenseBatch(matrix=local.to_dense(), labels=local.labels, weights=local.weights)
+    k, b0 = keys.size, -0.4
+    monkeypatch.setattr(objective, "THREAD_MIN_ROWS", 100)
+    previous = threads.set_threads(parts)
+    try:
+        sy = objective.label_sums(local, k)
+        loss, grad, gi, wsum = loss_and_grad(local, np.zeros(k), b0, np.ones(k), True)
+    finally:
+        threads.set_threads(previous)
+    s1 = objective.feature_stats([local]).s1 if kind != "dense" else w @ local.matrix
+    p = 1.0 / (1.0 + math.exp(-b0))
+    np.testing.assert_allclose(p * s1 - sy, grad, rtol=1e-12, atol=1e-12)
+    assert p * wsum - np.dot(w, y) == pytest.approx(gi, rel=1e-12)
+    w1, w0 = np.dot(w, y), np.dot(w, 1 - y)
+    start_loss = w1 * np.logaddexp(0.0, -b0) + w0 * np.logaddexp(0.0, b0)
+    assert start_loss == pytest.approx(loss, rel=1e-13)
+    if kind != "dense":
+        with pytest.raises(ValueError, match="no labels"):
+            objective.label_sums(CSRBatch(local.indptr, local.indices, local.values, k), k)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_compiled_statistics_pass_equals_the_numpy_path(monkeypatch, weighted) -> None:
+    """One compiled pass over the entries (rows of ones apart) gives the numpy path's
+    statistics and label sums: rows of ones and of other values sharing keys, stored
+    zeros, negative values, empty rows and rows of weight 0. A row whose keys do not
+    increase (a duplicate to merge) leaves the batch to the numpy path."""
+    from spark_ps.ml.lr import objective, stats_pass
+
+    rng = np.random.default_rng(31)
+    n, d = 1500, 120
+    dense = (rng.uniform(size=(n, d)) < 0.08).astype(float)
+    dense[9:11] = 0.0  # rows 9 and 10 empty
+    X = scipy.sparse.csr_matrix(dense)  # keys increase in every row
+    some = rng.choice(n, 200, replace=False)  # rows holding other values
+    for r in some:
+        lo, hi = X.indptr[r], X.indptr[r + 1]
+        X.data[lo:hi] = rng.choice([0.0, -2.5, 0.5, 3.0], size=hi - lo)
+    X.data[X.indptr[3] : X.indptr[4]] = 0.0  # a row of stored zeros only
+    y = rng.integers(0, 2, n).astype(float)
+    w = _weights(rng, n) if weighted else None
+    batch = CSRBatch(X.indptr, X.indices, X.data, d, y, w)
+    if stats_pass.key_sums(batch.indptr, batch.indices, batch.values, None, w, y, d) is None:
+        pytest.skip("without numba the statistics take the numpy path")
+    fast = objective.feature_stats([batch], with_labels=True)
+    monkeypatch.setattr(objective, "_compiled_stats", lambda *a: None)
+    slow = objective.feature_stats([batch], with_labels=True)
+    assert fast.keys.tolist() == slow.keys.tolist() and fast.count.tolist() == slow.count.tolist()
+    for name in ("s1", "s2", "label_sum"):
+        np.testing.assert_allclose(getattr(fast, name), getattr(slow, name), rtol=1e-13)
+    for name in ("vmin", "vmax"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
+    assert (fast.n_rows, fast.weight_sum) == (slow.n_rows, slow.weight_sum)
+    dense = X.toarray()  # with the values set above
+    ww = np.ones(n) if w is None else w
+    np.testing.assert_allclose(fast.label_sum, ((ww * y) @ dense)[fast.keys], rtol=1e-12)
+    # a row repeating a key: the compiled pass declines, the numpy path merges the pair
+    idx = batch.indices.copy()
+    r = int(np.flatnonzero(np.diff(batch.indptr) >= 2)[0])
+    idx[batch.indptr[r] + 1] = idx[batch.indptr[r]]
+    dup = CSRBatch(batch.indptr, idx, batch.values, d, y, w)
+    assert stats_pass.key_sums(dup.indptr, idx, dup.values, None, w, y, d) is None

@@ -131,6 +131,19 @@ def test_statistics_and_dense_key_numbering_on_the_shards(ps):
     assert std.pull()[[5, 6]].tolist() == [0.0, 0.0]
     with pytest.raises(Exception, match="co-located"):
         ps.client.call("stats.standardize", [sums.spec, sums.spec, mean.spec, std.spec], {})
+    # a fourth column sum(w*y*x) gives the data gradient where every margin is b0
+    sums4, start = PSMatrix.dense(d, 4), PSVector.dense(d)
+    wy = (X * (w * y)[:, None]).sum(axis=0)
+    sums4.update(p.keys, np.column_stack([p.count.astype(float), p.s1, p.s2, wy[p.keys]]))
+    scalars = {"weight_sum": p.weight_sum, "weight_sq_sum": p.weight_sq_sum, "n_rows": p.n_rows}
+    models = [sums4.spec, ext.spec, mean.spec, std.spec, start.spec]
+    with pytest.raises(Exception, match="start vector needs start_p"):
+        ps.client.call("stats.standardize", models, scalars)
+    assert not start.pull().any()
+    ps.client.call("stats.standardize", models, scalars | {"start_p": 0.3})
+    rows_pass = X.T @ (w * (0.3 - y))
+    np.testing.assert_allclose(start.pull(), rows_pass, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(std.pull(), want.dense("std"), rtol=1e-12, atol=1e-300)
     keyset = PSVector.dense(10_000)
     touched = np.array([3, 17, 4999, 5000, 9999])
     keyset.update(touched, np.ones(touched.size))

@@ -44,11 +44,20 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
     models: ``sums`` [n, 3] (count, sum w x, sum w x^2), ``extremes`` [n, 2] (max x,
     max -x), then the ``mean`` and ``std`` vectors to write; all row-co-located (same dim).
     One call instead of a copy, a scale and a kernel over five vectors.
+
+    With ``sums`` [n, 4] (a fourth column ``sum w y x``) a fifth vector gets the data
+    gradient at a start point whose margins all equal b0: ``start_p * s1 - sum w y x``,
+    ``start_p = sigmoid(b0)`` (scalar argument), before the ``1/std`` scaling.
     """
-    if len(tensors) != 4:
-        raise RequestError("INVALID_ARGUMENT", "standardize: models are sums, extremes, mean, std")
-    sums, ext, mean_t, std_t = tensors
-    for t, cols in zip(tensors, (3, 2, 1, 1), strict=True):
+    if len(tensors) not in (4, 5):
+        raise RequestError(
+            "INVALID_ARGUMENT", "standardize: models are sums, extremes, mean, std[, start]"
+        )
+    sums = tensors[0]
+    width = 4 if len(tensors) == 5 else 3
+    if len(tensors) == 5 and "start_p" not in args:
+        raise RequestError("INVALID_ARGUMENT", "standardize: a start vector needs start_p")
+    for t, cols in zip(tensors, (width, 2, 1, 1, 1)[: len(tensors)], strict=True):
         spec = t.spec
         if (spec.kind, spec.dim, spec.offset, spec.cols) != (
             "dense",
@@ -61,8 +70,9 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
                 f"standardize: {t.where} is not a dense [{sums.spec.dim}, {cols}] tensor "
                 "co-located with the sums",
             )
+    ext, mean_t, std_t = tensors[1:4]
     n = sums.spec.length
-    s = sums.dense_values().reshape(n, 3)
+    s = sums.dense_values().reshape(n, width)
     e = ext.dense_values().reshape(n, 2)
     w = float(args["weight_sum"])
     mean_t.dense_values()[...] = s[:, 1] / w
@@ -77,6 +87,8 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
         weight_sq_sum=float(args["weight_sq_sum"]),
         n_rows=float(args["n_rows"]),
     )
+    if len(tensors) == 5:
+        np.subtract(float(args["start_p"]) * s[:, 1], s[:, 3], out=tensors[4].dense_values())
     return {"zero_std": zeros}, []
 
 

@@ -9,7 +9,9 @@ their exactly-once contribution to that round.
 
 Rounds (worker commands):
   ``dims``   each partition reports its feature dimension;
-  ``stats``  per-key weighted sums for MLlib's standardization (sum and max reduces);
+  ``stats``  per-key weighted sums for MLlib's standardization (sum and max reduces), and
+             each key's ``sum w*y*x``, which gives the objective at MLlib's start point
+             (`_Start`): the solver's first evaluation needs no pass over the rows;
   ``grad``   loss and gradient at a point x (pulls x, pushes into g).
 """
 
@@ -73,19 +75,30 @@ class _Fit:
         self.spent: dict[str, float] = dict.fromkeys(_EVAL_PARTS + _WORKER_PARTS, 0.0)
         self.spent["evaluations"] = 0
         self.validation = False  # whether the workers hold validation rows to score
+        #: the start point's objective from the statistics round (`stats`), until the
+        #: solver's first evaluation takes it
+        self.start: _Start | None = None
         #: the last evaluation's validation score histograms (see `rounds._grad`), or None
         self.histograms: np.ndarray | None = None
 
-    def stats(self):
+    def stats(self, start: bool = False):
         """(mean, std, label weights): one worker round that fills two [K, cols] matrices,
-        then one server call that turns them into the mean and std vectors."""
+        then one server call that turns them into the mean and std vectors.
+
+        With `start` the round also sums each key's ``w*y*x``, and the same server call
+        derives the data gradient at MLlib's start point from it (see `_Start`): the
+        solver's first evaluation then needs no pass over the rows."""
         name = f"{self.space.prefix}/stats"
         ctx = self.space.context
-        sums = PSMatrix.dense(self.space.dim, 3, name=f"{name}/sums", context=ctx)
+        sums = PSMatrix.dense(self.space.dim, 4 if start else 3, name=f"{name}/sums", context=ctx)
         extremes = PSMatrix.dense(self.space.dim, 2, name=f"{name}/extremes", context=ctx)
         try:
             r, out = self.job.call(
-                "stats", keyset=self.keyset, sums=sums.name, extremes=extremes.name
+                "stats",
+                keyset=self.keyset,
+                sums=sums.name,
+                extremes=extremes.name,
+                **({"label_sums": True} if start else {}),
             )
             sums.reduce(r)
             extremes.reduce(r, how="max")
@@ -99,15 +112,25 @@ class _Fit:
             if not wsum > 0:
                 raise ValueError(f"the total instance weight is {wsum!r}; it must be positive")
             mean, std = self.space.new("mean"), self.space.new("std")
-            ctx.client.call(
-                "stats.standardize",
-                [sums.spec, extremes.spec, mean.spec, std.spec],
-                {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows},
-            )
+            models = [sums.spec, extremes.spec, mean.spec, std.spec]
+            scalars = {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows}
+            both = w0 > 0 and w1 > 0  # else a one-label fit: MLlib's start is not finite
+            if start and (both or not self.fit_intercept):
+                b0 = math.log(w1 / w0) if self.fit_intercept else 0.0
+                self.start = _Start.at(self.space.new("start_grad"), b0, w0, w1, wsum)
+                models.append(self.start.grad.spec)
+                scalars["start_p"] = self.start.p
+            ctx.client.call("stats.standardize", models, scalars)
         finally:  # clean-up must not hide the round's own error (see best_effort)
             best_effort("dropping the statistics sums", sums.drop)
             best_effort("dropping the statistics extremes", extremes.drop)
         return mean, std, np.array([w0, w1])
+
+    def drop_start(self) -> None:
+        """Forget the start point's objective (the solver starts from another point)."""
+        start, self.start = self.start, None
+        if start is not None:
+            self.space.release(start.grad)
 
     def coef_mask(self):
         mask = self.space.new("coef_mask")
@@ -124,6 +147,9 @@ class _Fit:
         nw = self.job.num_workers
 
         def evaluate(x, g) -> float:
+            start, self.start = self.start, None
+            if start is not None:  # MLlib's start point (`drop_start` if x is another)
+                return start.objective(self.space, x, g, vecs, last)
             t0 = time.perf_counter()
             offset = 0.0
             if self.fit_intercept and vecs.scaled_mean is None:  # not centered (bounded)
@@ -167,6 +193,44 @@ class _Fit:
             return value
 
         return evaluate
+
+
+@dataclass
+class _Start:
+    """The objective at MLlib's start point (coefficients 0, intercept b0), from the
+    statistics round: every margin is b0, so with ``p = sigmoid(b0)`` the data gradient
+    of a key is ``(p * sum w*x - sum w*y*x) / std`` and of the intercept ``p * W - w1``,
+    and the loss ``w1 * log(1 + e^-b0) + w0 * log(1 + e^b0)``. Equal to a pass over the
+    rows up to the order of the float additions (`tests/test_lr_fit.py`), one pass fewer
+    for every fit that starts there."""
+
+    grad: PSVector  # p * sum w*x - sum w*y*x per key (0 in the intercept slot)
+    p: float
+    loss_sum: float
+    weight_sum: float
+    grad_intercept: float
+
+    @classmethod
+    def at(cls, grad, b0: float, w0: float, w1: float, wsum: float) -> _Start:
+        p = 1.0 / (1.0 + math.exp(-b0))  # as the rows' pass computes it
+        loss = w1 * float(np.logaddexp(0.0, -b0)) + w0 * float(np.logaddexp(0.0, b0))
+        return cls(grad, p, loss, wsum, p * wsum - w1)
+
+    def objective(self, space: PSVecSpace, x, g, vecs, last: int) -> float:
+        """evaluate(x, g) at the start point: g from the statistics (three requests)."""
+        space.apply("multiply", g, self.grad, vecs.inv_std)  # 1/std is 0 at the intercept
+        if vecs.fit_intercept:
+            g.update(np.array([last]), np.array([self.grad_intercept]))
+        space.release(self.grad)
+        return finish_objective(
+            space,
+            x,
+            g,
+            vecs,
+            loss_sum=self.loss_sum,
+            weight_sum=self.weight_sum,
+            grad_intercept=self.grad_intercept,
+        )
 
 
 class _Phases:
@@ -359,10 +423,13 @@ def _set_up(
     space = built["space"] = PSVecSpace(ps, ks.size + int(fit_intercept), prefix=prefix)
     fit = built["fit"] = _Fit(job, space, fit_intercept, ks, prepared.label_col)
     fit.validation = prepared.validation_col is not None
-    mean, std, label_weight = fit.stats()
+    bounded = any(params.get(name) is not None for name in BOUND_PARAMS)
+    # the start's objective from the statistics, unless the start is clipped into a box or
+    # the first evaluation must also score the validation rows
+    mean, std, label_weight = fit.stats(start=not (bounded or fit.validation))
     phases.mark("statistics")
     box = built["box"] = None
-    if any(params.get(name) is not None for name in BOUND_PARAMS):
+    if bounded:
         keys, ids = ks.touched()
         stds = std.pull(np.arange(ks.size))
         box = built["box"] = box_of(params, ks.num_features, keys, ids, stds, fit_intercept)
@@ -411,6 +478,8 @@ def _solve(
     ks, space, fit, vecs = built["ks"], built["space"], built["fit"], built["vecs"]
     k = ks.size
     x = built["x"]
+    if resume is not None:  # the solver starts elsewhere: no evaluation at MLlib's start
+        fit.drop_start()
     if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
         x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
 

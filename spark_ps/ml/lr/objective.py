@@ -44,7 +44,7 @@ import numpy as np
 
 from spark_ps.data import DENSE_MAX_FEATURES, CSRBatch, DenseBatch
 from spark_ps.ml import threads
-from spark_ps.ml.lr import row_blocks
+from spark_ps.ml.lr import row_blocks, stats_pass
 from spark_ps.ml.lr.optim import minimize_lbfgs
 from spark_ps.ml.lr.vecspace import NumpyVecSpace, VecSpace
 
@@ -54,6 +54,7 @@ __all__ = [
     "feature_stats",
     "merge_stats",
     "finalize_stats",
+    "label_sums",
     "loss_and_grad",
     "margins",
     "LRVectors",
@@ -81,7 +82,8 @@ class StatsPartial:
     addition) and ``vmin``/``vmax`` of the stored values (combine by min/max).
     Keys never stored have all-zero columns. Scalars: ``n_rows`` (positive
     weight), ``weight_sum``, ``weight_sq_sum``, ``label_weight`` (weight of labels
-    0 and 1), and the number / an example of labels that are neither.
+    0 and 1), and the number / an example of labels that are neither. ``label_sum``
+    (``sum w*y*x`` per key, adds up too) when :func:`feature_stats` is asked for it.
     """
 
     keys: np.ndarray
@@ -97,6 +99,7 @@ class StatsPartial:
     label_weight: np.ndarray
     n_bad_labels: int = 0
     bad_label: float = math.nan
+    label_sum: np.ndarray | None = None
 
 
 @dataclass
@@ -170,37 +173,33 @@ def _batch_weights(batch: CSRBatch) -> np.ndarray:
     return w
 
 
-def _batch_stats(batch: CSRBatch) -> StatsPartial:
-    """Partial statistics of one batch: one sort by key, then segment reductions."""
+def _batch_stats(batch: CSRBatch, with_labels: bool = False) -> StatsPartial:
+    """Partial statistics of one batch (`with_labels`: and its ``label_sum``): column
+    reductions for dense rows, else one compiled pass over the entries (:mod:`stats_pass`),
+    else one sort by key and segment reductions."""
     if batch.labels is None:
         raise ValueError("feature_stats: the batch has no labels")
     w = _batch_weights(batch)
     y = batch.labels
     pos = w > 0
-    dense, wd = (_dense_rows(batch, batch.num_features), w) if pos.all() else (None, w)
+    dense, wd, yd = (_dense_rows(batch, batch.num_features), w, y) if pos.all() else (None, w, y)
     if isinstance(batch, DenseBatch) and not pos.all():  # zero-weight rows do not count
-        dense, wd = batch.matrix[pos], w[pos]
+        dense, wd, yd = batch.matrix[pos], w[pos], y[pos]
     if dense is not None:  # every row stores every column: column reductions, no scatter
-        bad = (y != 0.0) & (y != 1.0)
-        n_bad = int(np.count_nonzero(bad))
-        return StatsPartial(
-            keys=np.arange(dense.shape[1], dtype=np.int64),
-            count=np.full(dense.shape[1], dense.shape[0], dtype=np.int64),
+        n, d = dense.shape
+        sums = dict(
+            keys=np.arange(d, dtype=np.int64),
+            count=np.full(d, n, dtype=np.int64),
             s1=wd @ dense,
             s2=_weighted_square_sums(dense, wd),
-            vmin=dense.min(axis=0) if dense.shape[0] else np.full(dense.shape[1], np.inf),
-            vmax=dense.max(axis=0) if dense.shape[0] else np.full(dense.shape[1], -np.inf),
-            num_features=batch.num_features,
-            n_rows=int(np.count_nonzero(pos)),
-            weight_sum=float(w.sum()),
-            weight_sq_sum=float(np.dot(w, w)),
-            label_weight=np.array([w[y == 0.0].sum(), w[y == 1.0].sum()], dtype=np.float64),
-            n_bad_labels=n_bad,
-            bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
+            vmin=dense.min(axis=0) if n else np.full(d, np.inf),
+            vmax=dense.max(axis=0) if n else np.full(d, -np.inf),
         )
+        return _partial(batch, w, sums, (wd * yd) @ dense if with_labels else None)
+    compiled = _compiled_stats(batch, w, with_labels)
+    if compiled is not None:
+        return compiled
     rows, idx, vals = _row_entries(batch)
-    bad = (y != 0.0) & (y != 1.0)
-    n_bad = int(np.count_nonzero(bad))
     if not pos.all() or batch.weights is not None:
         rows = batch.row_ids() if rows is None else rows
     if not pos.all():  # zero-weight rows do not count
@@ -212,6 +211,18 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
         sums = _dense_key_sums(idx, vals, wr)
     else:
         sums = _sorted_key_sums(idx, vals, np.ones(idx.size) if wr is None else wr)
+    by_key = None
+    if with_labels:  # over the batch's own entries: a row's duplicate keys add up
+        top = int(batch.indices.max()) + 1 if batch.nnz else 0
+        by_key = label_sums(batch, top)[sums["keys"]]
+    return _partial(batch, w, sums, by_key)
+
+
+def _partial(batch: CSRBatch, w: np.ndarray, sums: dict, label_sum=None) -> StatsPartial:
+    """A batch's StatsPartial from its per-key `sums` (its weights `w`, checked)."""
+    y, pos = batch.labels, w > 0
+    bad = (y != 0.0) & (y != 1.0)
+    n_bad = int(np.count_nonzero(bad))
     return StatsPartial(
         **sums,
         num_features=batch.num_features,
@@ -221,7 +232,31 @@ def _batch_stats(batch: CSRBatch) -> StatsPartial:
         label_weight=np.array([w[y == 0.0].sum(), w[y == 1.0].sum()], dtype=np.float64),
         n_bad_labels=n_bad,
         bad_label=float(y[np.argmax(bad)]) if n_bad else math.nan,
+        label_sum=label_sum,
     )
+
+
+def _compiled_stats(batch: CSRBatch, w: np.ndarray, with_labels: bool) -> StatsPartial | None:
+    """:func:`_batch_stats` of a CSR batch with small key ids in one compiled pass, or None
+    (no numba, a row whose keys do not increase, or ids too spread for a per-id table)."""
+    if isinstance(batch, DenseBatch):
+        return None
+    idx = batch.indices
+    top = int(idx.max()) if idx.size else -1
+    if top < 0 or top >= 4 * idx.size + 1024 or int(idx.min()) < 0:
+        return None
+    units = row_blocks.unit_rows(batch.indptr, batch.values)
+    table = stats_pass.key_sums(
+        batch.indptr, idx, batch.values, units, batch.weights, batch.labels, top + 1
+    )
+    if table is None:
+        return None
+    batch._unit_rows = units if units.any() else None  # kept for the products (`_unit_rows`)
+    keys = np.flatnonzero(table[:, 0])
+    t = table[keys].T  # one gather: [6, K]
+    sums = dict(keys=keys.astype(np.int64), count=t[0].astype(np.int64), s1=t[1], s2=t[2])
+    sums.update(vmin=t[4], vmax=t[5])
+    return _partial(batch, w, sums, t[3] if with_labels else None)
 
 
 def _weighted_square_sums(dense: np.ndarray, w: np.ndarray, block: int = 8192) -> np.ndarray:
@@ -307,6 +342,8 @@ def merge_stats(a: StatsPartial, b: StatsPartial) -> StatsPartial:
     """Combine two partials (associative and commutative up to float rounding)."""
     keys = np.union1d(a.keys, b.keys)
     ia, ib = np.searchsorted(keys, a.keys), np.searchsorted(keys, b.keys)
+    both = a.label_sum is not None and b.label_sum is not None
+    label = (a.label_sum, b.label_sum) if both else None
 
     def comb(fa: np.ndarray, fb: np.ndarray, empty: float, op: np.ufunc) -> np.ndarray:
         out = np.full(keys.shape[0], empty, dtype=fa.dtype)
@@ -328,16 +365,18 @@ def merge_stats(a: StatsPartial, b: StatsPartial) -> StatsPartial:
         label_weight=a.label_weight + b.label_weight,
         n_bad_labels=a.n_bad_labels + b.n_bad_labels,
         bad_label=a.bad_label if a.n_bad_labels else b.bad_label,
+        label_sum=None if label is None else comb(*label, 0.0, np.add),
     )
 
 
-def feature_stats(batches: Iterable[CSRBatch]) -> StatsPartial:
-    """Partial statistics of a partition's batches (labels required, weights optional)."""
+def feature_stats(batches: Iterable[CSRBatch], with_labels: bool = False) -> StatsPartial:
+    """Partial statistics of a partition's batches (labels required, weights optional);
+    `with_labels`: each key's ``sum w*y*x`` too (``StatsPartial.label_sum``)."""
     out: StatsPartial | None = None
     num_features = 0
     for batch in batches:
         num_features = max(num_features, batch.num_features)
-        part = _batch_stats(batch)
+        part = _batch_stats(batch, with_labels)
         out = part if out is None else merge_stats(out, part)
     if out is None:  # an empty partition
         empty = np.zeros(0)
@@ -353,6 +392,7 @@ def feature_stats(batches: Iterable[CSRBatch]) -> StatsPartial:
             weight_sum=0.0,
             weight_sq_sum=0.0,
             label_weight=np.zeros(2),
+            label_sum=empty if with_labels else None,
         )
     return out
 
@@ -537,6 +577,28 @@ def loss_and_grad(
 #: Rows a thread takes at least when a task has several CPUs (``spark.task.cpus``): a
 #: smaller batch's products run on one thread.
 THREAD_MIN_ROWS = 32768
+
+
+def label_sums(csr: CSRBatch, k: int) -> np.ndarray:
+    """float64 [k]: ``X^T (w * y)``, each localized key's weighted sum of ``label * value``.
+
+    With a key's ``s1 = sum w*x`` it gives the data gradient at MLlib's start point, where
+    every margin is the start intercept b0: ``sum w*(sigmoid(b0) - y)*x = sigmoid(b0)*s1 -
+    label_sums`` (see ``distributed._Fit.stats``), so no pass over the rows evaluates it."""
+    if csr.labels is None:
+        raise ValueError("label_sums: the batch has no labels")
+    out = np.zeros(k)
+    if not csr.n_rows or not k:
+        return out
+    wy = csr.labels if csr.weights is None else csr.weights * csr.labels
+    parts = min(threads.count(), max(1, csr.n_rows // THREAD_MIN_ROWS))
+
+    def block(a: int, b: int, X) -> np.ndarray:
+        return X.rmatvec(wy[a:b]) if isinstance(X, _RowRange) else X.T @ wy[a:b]
+
+    for part in threads.run(block, _row_blocks(csr, k, parts)):  # in row order
+        out += part
+    return out
 
 
 def _row_blocks(csr: CSRBatch | DenseBatch, k: int, parts: int) -> list[tuple]:

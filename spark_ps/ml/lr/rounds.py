@@ -307,13 +307,16 @@ def _reindexed(local, rank: np.ndarray):
 
 
 def _stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Per-key sums (count, s1, s2) and extremes (max x, max -x) of this partition, as one
-    row per key of two PS matrices (two pushes, whatever the number of statistics)."""
+    """Per-key sums (count, s1, s2, and with ``label_sums`` the labels' ``sum w*y*x``) and
+    extremes (max x, max -x) of this partition, as one row per key of two PS matrices (two
+    pushes, whatever the number of statistics)."""
     compact(ctx, cmd["keyset"])
     # the key-ordered batch keeps each row's keys sorted: no per-row sort needed
-    p = feature_stats([ctx.state["local"]])
+    with_labels = bool(cmd.get("label_sums"))  # the gradient at the start (see _Fit.stats)
+    p = feature_stats([ctx.state["local"]], with_labels=with_labels)
     gk = ctx.state["ids"][p.keys]
-    sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
+    columns = [p.count.astype(np.float64), p.s1, p.s2]
+    sums = np.column_stack(columns + [p.label_sum] if with_labels else columns)
     ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part, unique=True)
     extremes = np.column_stack([p.vmax, -p.vmin])
     ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part, unique=True)
