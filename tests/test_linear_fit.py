@@ -197,3 +197,50 @@ def test_lbfgs_and_constant_features_have_no_normal_equation_statistics(normal_d
     s = LinearRegression(solver="l-bfgs").fit(normal_df).summary
     with pytest.raises(Exception, match="No Std. Error"):
         s.coefficientStandardErrors  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "estimator, params",
+    [
+        ("svc", dict(regParam=0.05, weightCol="weight")),
+        ("svc", dict(regParam=0.0, fitIntercept=False)),
+        ("reg", dict(regParam=0.3, elasticNetParam=0.5, weightCol="weight")),
+        ("reg", dict(regParam=0.1, fitIntercept=False, standardization=False)),
+    ],
+)
+def test_start_from_the_statistics_equals_a_pass_over_the_rows(
+    spark_ps, monkeypatch, estimator, params
+):
+    """LinearSVC's and L-BFGS LinearRegression's first evaluation (zero coefficients) is
+    derived from the statistics round's per-key ``sum w*x`` and ``sum w*y*x``: the same
+    value and gradient as a worker round up to float rounding, hence the same path, with
+    one gradient round fewer."""
+    from spark_ps.ml import _job
+    from spark_ps.ml.linear import fit as linear_fit
+
+    spark, _ = spark_ps
+    if estimator == "svc":
+        df, make = _svc_df(spark), lambda: LinearSVC(maxIter=8, tol=1e-12, **params)
+    else:
+        df = _regression_df(spark)
+        make = lambda: LinearRegression(solver="l-bfgs", maxIter=8, tol=1e-12, **params)  # noqa: E731
+    rounds = []
+    command = _job.PSJob.command
+    monkeypatch.setattr(
+        _job.PSJob, "command", lambda self, op, **kw: rounds.append(op) or command(self, op, **kw)
+    )
+    derived = make().fit(df)
+    n_derived, rounds[:] = rounds.count("linear_grad"), []
+    real = linear_fit._Solve.stats
+    monkeypatch.setattr(linear_fit._Solve, "stats", lambda self, start=False: real(self, False))
+    passed = make().fit(df)
+    # LinearSVCModel.summary is a method, as in pyspark
+    h1, h2 = (m.summary() if estimator == "svc" else m.summary for m in (derived, passed))
+    h1, h2 = h1.objectiveHistory, h2.objectiveHistory
+    assert len(h1) == len(h2) > 3  # some fits converge before maxIter
+    assert h1[0] == pytest.approx(h2[0], rel=1e-14)
+    np.testing.assert_allclose(h1, h2, rtol=1e-11)
+    a, b = derived.coefficients.toArray(), passed.coefficients.toArray()
+    np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert derived.intercept == pytest.approx(passed.intercept, rel=1e-9, abs=1e-12)
+    assert n_derived == rounds.count("linear_grad") - 1 > 0

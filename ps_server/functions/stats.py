@@ -45,9 +45,10 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
     max -x), then the ``mean`` and ``std`` vectors to write; all row-co-located (same dim).
     One call instead of a copy, a scale and a kernel over five vectors.
 
-    With ``sums`` [n, 4] (a fourth column ``sum w y x``) a fifth vector gets the data
-    gradient at a start point whose margins all equal b0: ``start_p * s1 - sum w y x``,
-    ``start_p = sigmoid(b0)`` (scalar argument), before the ``1/std`` scaling.
+    With ``sums`` [n, 4] (a fourth column ``sum w y x``) a fifth vector gets ``start_s1 *
+    s1 + start_sy * sum w y x`` (scalar arguments): the data gradient at a start point where
+    every row's loss derivative is an affine function of its label, before the ``1/std``
+    scaling (logistic loss at margins all b0: ``sigmoid(b0)`` and -1).
     """
     if len(tensors) not in (4, 5):
         raise RequestError(
@@ -55,8 +56,10 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
         )
     sums = tensors[0]
     width = 4 if len(tensors) == 5 else 3
-    if len(tensors) == 5 and "start_p" not in args:
-        raise RequestError("INVALID_ARGUMENT", "standardize: a start vector needs start_p")
+    if len(tensors) == 5 and not {"start_s1", "start_sy"} <= set(args):
+        raise RequestError(
+            "INVALID_ARGUMENT", "standardize: a start vector needs start_s1 and start_sy"
+        )
     for t, cols in zip(tensors, (width, 2, 1, 1, 1)[: len(tensors)], strict=True):
         spec = t.spec
         if (spec.kind, spec.dim, spec.offset, spec.cols) != (
@@ -88,7 +91,9 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
         n_rows=float(args["n_rows"]),
     )
     if len(tensors) == 5:
-        np.subtract(float(args["start_p"]) * s[:, 1], s[:, 3], out=tensors[4].dense_values())
+        start = tensors[4].dense_values()
+        np.multiply(float(args["start_s1"]), s[:, 1], out=start)
+        start += float(args["start_sy"]) * s[:, 3]
     return {"zero_std": zeros}, []
 
 

@@ -37,6 +37,8 @@ from spark_ps.ml.lr.distributed import (
     _release,
     _result,
     _resume_hooks,
+    _Start,
+    drop_start,
 )
 from spark_ps.ml.lr.objective import build_lr_vectors, finish_objective
 from spark_ps.ml.lr.optim import WARM, minimize_lbfgs
@@ -103,6 +105,8 @@ class _Labels:
     mean: float
     std: float  # MLlib's weighted unbiased std; exactly 0 when every label is equal
     n_bad: int  # labels outside {0, 1}
+    label_sum: float = 0.0  # sum w*y
+    m2: float = 0.0  # sum w*(y - mean)**2
 
 
 def train_linear(prepared: PreparedData, problem: LinearProblem, name: str) -> LinearFit:
@@ -155,14 +159,16 @@ class _Solve:
         self.intercept_slot = self.k if has_b else -1
         self.sigma_slot = space.dim - 1 if problem.loss == "huber" else -1
         self.keyset = None if ks.keyset is None else ks.keyset.name
+        self.start: _Start | None = None  # the start's objective, until the first evaluation
 
     # ------------------------------------------------------------------ statistics
 
-    def stats(self):
-        """(mean, std) PS vectors of the features and the label statistics."""
+    def stats(self, start: bool = False):
+        """(mean, std) PS vectors of the features and the label statistics; with `start`
+        also the start's gradient from each key's ``sum w*y*x`` (see `_start`)."""
         space, ctx = self.space, self.space.context
         base = f"{space.prefix}/stats"
-        sums = PSMatrix.dense(space.dim, 3, name=f"{base}/sums", context=ctx)
+        sums = PSMatrix.dense(space.dim, 4 if start else 3, name=f"{base}/sums", context=ctx)
         extremes = PSMatrix.dense(space.dim, 2, name=f"{base}/extremes", context=ctx)
         nw = self.job.num_workers
         try:
@@ -172,6 +178,7 @@ class _Solve:
                 sums=sums.name,
                 extremes=extremes.name,
                 num_workers=nw,
+                **({"label_sums": True} if start else {}),
             )
             sums.reduce(r)
             extremes.reduce(r, how="max")
@@ -180,15 +187,37 @@ class _Solve:
             if not wsum > 0:
                 raise ValueError(f"the total instance weight is {wsum!r}; it must be positive")
             mean, std = space.new("mean"), space.new("std")
-            ctx.client.call(
-                "stats.standardize",
-                [sums.spec, extremes.spec, mean.spec, std.spec],
-                {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows},
-            )
+            models = [sums.spec, extremes.spec, mean.spec, std.spec]
+            scalars = {"weight_sum": wsum, "weight_sq_sum": wsq, "n_rows": n_rows}
+            if start:
+                # at zero coefficients hinge's multiplier is -(2y - 1) w, squared error's
+                # (mean - y) w / std_y (centered) or -y w / std_y: a*s1 + b*sum w*y*x
+                hinge = self.p.loss == "hinge"
+                a = 1.0 if hinge else (labels.mean if self.p.fit_intercept else 0.0)
+                self.start = _Start(space.new("start_grad"), a, -2.0 if hinge else -1.0)
+                models.append(self.start.grad.spec)
+                scalars.update(self.start.scalars())
+            ctx.client.call("stats.standardize", models, scalars)
         finally:
             best_effort("dropping the statistics sums", sums.drop)
             best_effort("dropping the statistics extremes", extremes.drop)
         return mean, std, labels
+
+    def _start(self, labels: _Labels, y_std: float) -> None:
+        """The rest of the start's objective (`stats` made its gradient vector), once the
+        label's scale is known: the solver's first evaluation then needs no pass over the
+        rows. MLlib's LinearSVC and L-BFGS LinearRegression start at zero coefficients."""
+        st, W, sy = self.start, labels.weight_sum, labels.label_sum
+        if st is None:
+            return
+        if self.p.loss == "hinge":  # every row of positive weight is active at margin 0
+            st.loss_sum, st.grad_intercept = W, W - 2.0 * sy
+        else:  # diff = (mean - y) / std_y with an intercept, else -y / std_y
+            squares = labels.m2 if self.p.fit_intercept else labels.m2 + sy * sy / W
+            st.loss_sum = 0.5 * squares / (y_std * y_std)
+            st.scale = 1.0 / y_std
+            st.grad_intercept = ((st.a * W) - sy) / y_std
+        st.weight_sum = W
 
     # ------------------------------------------------------------------ the fit
 
@@ -196,7 +225,8 @@ class _Solve:
         """The fit; `hooks` are minimize_lbfgs's checkpoint/resume hooks, `resume` the
         state a rollback returned (a held iterate) or None."""
         p, space = self.p, self.space
-        mean, std, labels = self.stats()
+        # huber starts at ones; a resumed fit evaluates its own start on the workers
+        mean, std, labels = self.stats(start=p.loss != "huber" and resume is None)
         if p.loss == "hinge" and labels.n_bad:
             raise ValueError(
                 f"LinearSVC: labels must be 0 or 1; {labels.n_bad} rows have other labels"
@@ -209,6 +239,7 @@ class _Solve:
                     "intercept is the label's mean, %s; no training is needed",
                     y_mean,
                 )
+                drop_start(space, self.start)
                 return self._constant(y_mean)
             if p.reg_param != 0.0:
                 raise ValueError(
@@ -248,6 +279,7 @@ class _Solve:
         if p.loss == "hinge":  # MLlib's LinearSVC runs OWL-QN with a zero L1 weight
             l1 = space.new("l1_zero")
         x = self._initial_point(centered)
+        self._start(labels, y_std)
         if resume is not None and WARM in resume:  # a warm restart: x0 is the held iterate
             x.update(np.arange(space.dim, dtype=np.int64), np.asarray(resume[WARM]))
         evaluate = self._objective(vecs, centered, y_mean, y_std)
@@ -352,6 +384,12 @@ class _Solve:
         p, space = self.p, self.space
 
         def evaluate(x, g) -> float:
+            start, self.start = self.start, None
+            if start is not None:  # the start point, from the statistics (see `_start`)
+                value = start.objective(space, x, g, vecs, self.intercept_slot)
+                if p.loss == "squaredError" and centered is not None:
+                    space.axpy(-start.grad_intercept / start.weight_sum, centered, g)
+                return value
             dot, b, t = self._scalars(x, centered)
             if p.loss == "squaredError":
                 offset = y_mean / y_std - dot if p.fit_intercept else 0.0
@@ -429,4 +467,6 @@ def _merge_labels(rows: np.ndarray, n_rows: float, wsum: float, wsq: float) -> _
     lo, hi = rows[:, 3].min(), rows[:, 4].max()
     denom = wsum - wsq / wsum if wsum > 0 else 0.0
     std = math.sqrt(m2 / denom) if denom > 0 and lo != hi else 0.0
-    return _Labels(int(n_rows), float(wsum), float(wsq), float(mean), std, int(rows[:, 5].sum()))
+    n_bad = int(rows[:, 5].sum())
+    sy = float(rows[:, 1].sum())
+    return _Labels(int(n_rows), float(wsum), float(wsq), float(mean), std, n_bad, sy, float(m2))

@@ -40,13 +40,16 @@ def _label_row(y: np.ndarray, w: np.ndarray | None) -> list[float]:
 
 
 def _linear_stats(ctx: WorkerContext, round_: int, cmd: dict) -> None:
-    """Per-key feature sums and extremes (as LogisticRegression's ``stats``) plus this
-    partition's row of label statistics in a ``[num_workers, 6]`` block."""
+    """Per-key feature sums (with ``label_sums`` each key's ``sum w*y*x`` too) and extremes,
+    as LogisticRegression's ``stats``, plus this partition's row of label statistics in a
+    ``[num_workers, 6]`` block."""
     compact(ctx, cmd["keyset"])
     local = ctx.state["local"]
-    p = feature_stats([local])
+    with_labels = bool(cmd.get("label_sums"))  # the gradient at the start (fit._Solve.stats)
+    p = feature_stats([local], with_labels=with_labels)
     gk = ctx.state["ids"][p.keys]
-    sums = np.column_stack([p.count.astype(np.float64), p.s1, p.s2])
+    columns = [p.count.astype(np.float64), p.s1, p.s2]
+    sums = np.column_stack(columns + [p.label_sum] if with_labels else columns)
     ctx.tensor(cmd["sums"]).aggregate(gk, sums, round=round_, part=ctx.part)
     extremes = np.column_stack([p.vmax, -p.vmin])
     ctx.tensor(cmd["extremes"]).aggregate(gk, extremes, round=round_, part=ctx.part)

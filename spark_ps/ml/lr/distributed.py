@@ -117,9 +117,9 @@ class _Fit:
             both = w0 > 0 and w1 > 0  # else a one-label fit: MLlib's start is not finite
             if start and (both or not self.fit_intercept):
                 b0 = math.log(w1 / w0) if self.fit_intercept else 0.0
-                self.start = _Start.at(self.space.new("start_grad"), b0, w0, w1, wsum)
+                self.start = _Start.logistic(self.space.new("start_grad"), b0, w0, w1, wsum)
                 models.append(self.start.grad.spec)
-                scalars["start_p"] = self.start.p
+                scalars.update(self.start.scalars())
             ctx.client.call("stats.standardize", models, scalars)
         finally:  # clean-up must not hide the round's own error (see best_effort)
             best_effort("dropping the statistics sums", sums.drop)
@@ -129,8 +129,7 @@ class _Fit:
     def drop_start(self) -> None:
         """Forget the start point's objective (the solver starts from another point)."""
         start, self.start = self.start, None
-        if start is not None:
-            self.space.release(start.grad)
+        drop_start(self.space, start)
 
     def coef_mask(self):
         mask = self.space.new("coef_mask")
@@ -149,7 +148,7 @@ class _Fit:
         def evaluate(x, g) -> float:
             start, self.start = self.start, None
             if start is not None:  # MLlib's start point (`drop_start` if x is another)
-                return start.objective(self.space, x, g, vecs, last)
+                return start.objective(self.space, x, g, vecs, last if self.fit_intercept else -1)
             t0 = time.perf_counter()
             offset = 0.0
             if self.fit_intercept and vecs.scaled_mean is None:  # not centered (bounded)
@@ -197,30 +196,41 @@ class _Fit:
 
 @dataclass
 class _Start:
-    """The objective at MLlib's start point (coefficients 0, intercept b0), from the
-    statistics round: every margin is b0, so with ``p = sigmoid(b0)`` the data gradient
-    of a key is ``(p * sum w*x - sum w*y*x) / std`` and of the intercept ``p * W - w1``,
-    and the loss ``w1 * log(1 + e^-b0) + w0 * log(1 + e^b0)``. Equal to a pass over the
-    rows up to the order of the float additions (`tests/test_lr_fit.py`), one pass fewer
-    for every fit that starts there."""
+    """The objective at a start point where each row's loss derivative is an affine
+    function of its label (MLlib's LR start: coefficients 0, intercept b0, every margin
+    b0), from the statistics round: the data gradient of a key is ``scale * (a * sum w*x +
+    b * sum w*y*x) / std`` (``stats.standardize`` writes the bracket into `grad`), of the
+    intercept `grad_intercept`, and the loss `loss_sum`. Equal to a pass over the rows up
+    to the order of the float additions (`tests/test_lr_fit.py`), one pass fewer for every
+    fit that starts there."""
 
-    grad: PSVector  # p * sum w*x - sum w*y*x per key (0 in the intercept slot)
-    p: float
-    loss_sum: float
-    weight_sum: float
-    grad_intercept: float
+    grad: PSVector  # a * sum w*x + b * sum w*y*x per key (0 in the intercept slot)
+    a: float
+    b: float
+    loss_sum: float = 0.0
+    weight_sum: float = 0.0
+    grad_intercept: float = 0.0
+    scale: float = 1.0
 
     @classmethod
-    def at(cls, grad, b0: float, w0: float, w1: float, wsum: float) -> _Start:
+    def logistic(cls, grad, b0: float, w0: float, w1: float, wsum: float) -> _Start:
+        """MLlib's LR start, margins all b0: ``a = sigmoid(b0)``, ``b = -1``."""
         p = 1.0 / (1.0 + math.exp(-b0))  # as the rows' pass computes it
         loss = w1 * float(np.logaddexp(0.0, -b0)) + w0 * float(np.logaddexp(0.0, b0))
-        return cls(grad, p, loss, wsum, p * wsum - w1)
+        return cls(grad, p, -1.0, loss, wsum, p * wsum - w1)
 
-    def objective(self, space: PSVecSpace, x, g, vecs, last: int) -> float:
-        """evaluate(x, g) at the start point: g from the statistics (three requests)."""
+    def scalars(self) -> dict:
+        """``stats.standardize``'s arguments for `grad`."""
+        return {"start_s1": self.a, "start_sy": self.b}
+
+    def objective(self, space: PSVecSpace, x, g, vecs, slot: int) -> float:
+        """evaluate(x, g) at the start point: g from the statistics (three or four requests;
+        `slot`: the intercept's, or -1)."""
         space.apply("multiply", g, self.grad, vecs.inv_std)  # 1/std is 0 at the intercept
-        if vecs.fit_intercept:
-            g.update(np.array([last]), np.array([self.grad_intercept]))
+        if self.scale != 1.0:
+            space.scale(self.scale, g)
+        if slot >= 0:
+            g.update(np.array([slot]), np.array([self.grad_intercept]))
         space.release(self.grad)
         return finish_objective(
             space,
@@ -231,6 +241,12 @@ class _Start:
             weight_sum=self.weight_sum,
             grad_intercept=self.grad_intercept,
         )
+
+
+def drop_start(space: PSVecSpace, start: _Start | None) -> None:
+    """Give back a start's vector the solver will not use (it starts from another point)."""
+    if start is not None:
+        space.release(start.grad)
 
 
 class _Phases:
