@@ -12,6 +12,7 @@ import pytest
 from pyspark.ml.classification import LinearSVC as MLlibSVC
 from pyspark.ml.linalg import Vectors
 from pyspark.ml.regression import LinearRegression as MLlibLinReg
+from pyspark.sql import functions as F
 
 from spark_ps.ml.classification import LinearSVC
 from spark_ps.ml.regression import LinearRegression
@@ -204,8 +205,11 @@ def test_lbfgs_and_constant_features_have_no_normal_equation_statistics(normal_d
     [
         ("svc", dict(regParam=0.05, weightCol="weight")),
         ("svc", dict(regParam=0.0, fitIntercept=False)),
+        ("svc zero weights", dict(regParam=0.05, weightCol="weight")),
         ("reg", dict(regParam=0.3, elasticNetParam=0.5, weightCol="weight")),
         ("reg", dict(regParam=0.1, fitIntercept=False, standardization=False)),
+        # a constant label without intercept: the label's scale is |mean| (MLlib's rule)
+        ("reg constant", dict(regParam=0.0, fitIntercept=False)),
     ],
 )
 def test_start_from_the_statistics_equals_a_pass_over_the_rows(
@@ -219,11 +223,16 @@ def test_start_from_the_statistics_equals_a_pass_over_the_rows(
     from spark_ps.ml.linear import fit as linear_fit
 
     spark, _ = spark_ps
-    if estimator == "svc":
+    if estimator.startswith("svc"):
         df, make = _svc_df(spark), lambda: LinearSVC(maxIter=8, tol=1e-12, **params)
     else:
         df = _regression_df(spark)
         make = lambda: LinearRegression(solver="l-bfgs", maxIter=8, tol=1e-12, **params)  # noqa: E731
+    if estimator == "svc zero weights":  # every 7th row weighs 0: not active at margin 0
+        zero = (F.monotonically_increasing_id() % 7) == 0
+        df = df.withColumn("weight", F.when(zero, 0.0).otherwise(F.col("weight"))).cache()
+    if estimator == "reg constant":
+        df = df.withColumn("label", F.lit(3.0)).cache()
     rounds = []
     command = _job.PSJob.command
     monkeypatch.setattr(
@@ -235,7 +244,8 @@ def test_start_from_the_statistics_equals_a_pass_over_the_rows(
     monkeypatch.setattr(linear_fit._Solve, "stats", lambda self, start=False: real(self, False))
     passed = make().fit(df)
     # LinearSVCModel.summary is a method, as in pyspark
-    h1, h2 = (m.summary() if estimator == "svc" else m.summary for m in (derived, passed))
+    summary = (lambda m: m.summary()) if estimator.startswith("svc") else (lambda m: m.summary)
+    h1, h2 = summary(derived), summary(passed)
     h1, h2 = h1.objectiveHistory, h2.objectiveHistory
     assert len(h1) == len(h2) > 3  # some fits converge before maxIter
     assert h1[0] == pytest.approx(h2[0], rel=1e-14)

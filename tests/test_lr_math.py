@@ -875,3 +875,6 @@ def test_compiled_statistics_pass_equals_the_numpy_path(monkeypatch, weighted) -
     idx[batch.indptr[r] + 1] = idx[batch.indptr[r]]
     dup = CSRBatch(batch.indptr, idx, batch.values, d, y, w)
     assert stats_pass.key_sums(dup.indptr, idx, dup.values, None, w, y, d) is None
+    merged = objective.feature_stats([dup], with_labels=True)
+    m = scipy.sparse.csr_matrix((dup.values, idx, dup.indptr), shape=(n, d))  # adds the pair
+    np.testing.assert_allclose(merged.label_sum, ((ww * y) @ m.toarray())[merged.keys], rtol=1e-12)

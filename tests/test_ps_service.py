@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -137,9 +138,15 @@ def test_statistics_and_dense_key_numbering_on_the_shards(ps):
     sums4.update(p.keys, np.column_stack([p.count.astype(float), p.s1, p.s2, wy[p.keys]]))
     scalars = {"weight_sum": p.weight_sum, "weight_sq_sum": p.weight_sq_sum, "n_rows": p.n_rows}
     models = [sums4.spec, ext.spec, mean.spec, std.spec, start.spec]
-    with pytest.raises(Exception, match="start vector needs start_s1 and start_sy"):
-        ps.client.call("stats.standardize", models, scalars | {"start_s1": 0.3})
-    assert not start.pull().any()
+    before = mean.pull(), std.pull()
+    for bad in ({"start_s1": 0.3}, {"start_s1": 0.3, "start_sy": math.nan}):
+        with pytest.raises(Exception, match="'start_sy' must be a finite number"):
+            ps.client.call("stats.standardize", models, scalars | bad)
+    with pytest.raises(Exception, match="must differ"):  # the start would overwrite std
+        ps.client.call("stats.standardize", models[:4] + [std.spec], scalars)
+    assert not start.pull().any()  # refused: nothing written
+    np.testing.assert_array_equal(mean.pull(), before[0])
+    np.testing.assert_array_equal(std.pull(), before[1])
     ps.client.call("stats.standardize", models, scalars | {"start_s1": 0.3, "start_sy": -1.0})
     rows_pass = X.T @ (w * (0.3 - y))
     np.testing.assert_allclose(start.pull(), rows_pass, rtol=1e-12, atol=1e-12)

@@ -56,10 +56,6 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
         )
     sums = tensors[0]
     width = 4 if len(tensors) == 5 else 3
-    if len(tensors) == 5 and not {"start_s1", "start_sy"} <= set(args):
-        raise RequestError(
-            "INVALID_ARGUMENT", "standardize: a start vector needs start_s1 and start_sy"
-        )
     for t, cols in zip(tensors, (width, 2, 1, 1, 1)[: len(tensors)], strict=True):
         spec = t.spec
         if (spec.kind, spec.dim, spec.offset, spec.cols) != (
@@ -73,11 +69,17 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
                 f"standardize: {t.where} is not a dense [{sums.spec.dim}, {cols}] tensor "
                 "co-located with the sums",
             )
+    written = [t.spec.name for t in tensors[2:]]
+    if len(set(written)) != len(written) or sums.spec.name in written:
+        raise RequestError("INVALID_ARGUMENT", f"standardize: outputs {written} must differ")
+    names = ["weight_sum", "weight_sq_sum", "n_rows"]
+    names += ["start_s1", "start_sy"] if len(tensors) == 5 else []
+    scalar = {k: _finite(args, k) for k in names}  # all checked before anything is written
     ext, mean_t, std_t = tensors[1:4]
     n = sums.spec.length
     s = sums.dense_values().reshape(n, width)
     e = ext.dense_values().reshape(n, 2)
-    w = float(args["weight_sum"])
+    w = scalar["weight_sum"]
     mean_t.dense_values()[...] = s[:, 1] / w
     zeros = weighted_std(
         std_t.dense_values(),
@@ -87,14 +89,24 @@ def standardize(tensors, args: dict, arrays: list[np.ndarray]):
         e[:, 0],
         e[:, 1],
         weight_sum=w,
-        weight_sq_sum=float(args["weight_sq_sum"]),
-        n_rows=float(args["n_rows"]),
+        weight_sq_sum=scalar["weight_sq_sum"],
+        n_rows=scalar["n_rows"],
     )
     if len(tensors) == 5:
         start = tensors[4].dense_values()
-        np.multiply(float(args["start_s1"]), s[:, 1], out=start)
-        start += float(args["start_sy"]) * s[:, 3]
+        np.multiply(scalar["start_s1"], s[:, 1], out=start)
+        start += scalar["start_sy"] * s[:, 3]
     return {"zero_std": zeros}, []
+
+
+def _finite(args: dict, name: str) -> float:
+    """``args[name]`` as a finite float, else a clear refusal."""
+    value = args.get(name) if isinstance(args, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise RequestError(
+            "INVALID_ARGUMENT", f"standardize: {name!r} must be a finite number, got {value!r}"
+        )
+    return float(value)
 
 
 KERNELS = {"weighted_std": weighted_std}

@@ -117,7 +117,8 @@ class _Fit:
             both = w0 > 0 and w1 > 0  # else a one-label fit: MLlib's start is not finite
             if start and (both or not self.fit_intercept):
                 b0 = math.log(w1 / w0) if self.fit_intercept else 0.0
-                self.start = _Start.logistic(self.space.new("start_grad"), b0, w0, w1, wsum)
+                grad = self.space.new("start_grad")
+                self.start = _Start.logistic(grad, b0, w0, w1, wsum, self.fit_intercept)
                 models.append(self.start.grad.spec)
                 scalars.update(self.start.scalars())
             ctx.client.call("stats.standardize", models, scalars)
@@ -139,7 +140,8 @@ class _Fit:
         return mask
 
     def objective(self, vecs):
-        """evaluate(x, g) -> f: one distributed pass over all partitions."""
+        """evaluate(x, g) -> f: one distributed pass over all partitions (the first call,
+        at MLlib's start, derives it from the statistics instead: `_Start`)."""
         last = self.dim - 1
 
         spent = self.spent
@@ -213,19 +215,20 @@ class _Start:
     scale: float = 1.0
 
     @classmethod
-    def logistic(cls, grad, b0: float, w0: float, w1: float, wsum: float) -> _Start:
+    def logistic(cls, grad, b0: float, w0: float, w1: float, wsum: float, intercept: bool):
         """MLlib's LR start, margins all b0: ``a = sigmoid(b0)``, ``b = -1``."""
-        p = 1.0 / (1.0 + math.exp(-b0))  # as the rows' pass computes it
+        with np.errstate(over="ignore"):  # |b0| > 709 (weights ~1e-308): p is 0 or 1
+            p = float(1.0 / (1.0 + np.exp(-b0)))  # as the rows' pass computes it
         loss = w1 * float(np.logaddexp(0.0, -b0)) + w0 * float(np.logaddexp(0.0, b0))
-        return cls(grad, p, -1.0, loss, wsum, p * wsum - w1)
+        return cls(grad, p, -1.0, loss, wsum, p * wsum - w1 if intercept else 0.0)
 
     def scalars(self) -> dict:
         """``stats.standardize``'s arguments for `grad`."""
         return {"start_s1": self.a, "start_sy": self.b}
 
     def objective(self, space: PSVecSpace, x, g, vecs, slot: int) -> float:
-        """evaluate(x, g) at the start point: g from the statistics (three or four requests;
-        `slot`: the intercept's, or -1)."""
+        """evaluate(x, g) at the start point: g from the statistics in a few driver
+        requests (`slot`: the intercept's, or -1)."""
         space.apply("multiply", g, self.grad, vecs.inv_std)  # 1/std is 0 at the intercept
         if self.scale != 1.0:
             space.scale(self.scale, g)

@@ -239,7 +239,7 @@ def _partial(batch: CSRBatch, w: np.ndarray, sums: dict, label_sum=None) -> Stat
 def _compiled_stats(batch: CSRBatch, w: np.ndarray, with_labels: bool) -> StatsPartial | None:
     """:func:`_batch_stats` of a CSR batch with small key ids in one compiled pass, or None
     (no numba, a row whose keys do not increase, or ids too spread for a per-id table)."""
-    if isinstance(batch, DenseBatch):
+    if isinstance(batch, DenseBatch) or not stats_pass.available():
         return None
     idx = batch.indices
     top = int(idx.max()) if idx.size else -1
@@ -342,8 +342,9 @@ def merge_stats(a: StatsPartial, b: StatsPartial) -> StatsPartial:
     """Combine two partials (associative and commutative up to float rounding)."""
     keys = np.union1d(a.keys, b.keys)
     ia, ib = np.searchsorted(keys, a.keys), np.searchsorted(keys, b.keys)
-    both = a.label_sum is not None and b.label_sum is not None
-    label = (a.label_sum, b.label_sum) if both else None
+    label = (a.label_sum, b.label_sum)
+    if (label[0] is None) != (label[1] is None):
+        raise ValueError("merge_stats: one partial has label sums and the other not")
 
     def comb(fa: np.ndarray, fb: np.ndarray, empty: float, op: np.ufunc) -> np.ndarray:
         out = np.full(keys.shape[0], empty, dtype=fa.dtype)
@@ -365,7 +366,7 @@ def merge_stats(a: StatsPartial, b: StatsPartial) -> StatsPartial:
         label_weight=a.label_weight + b.label_weight,
         n_bad_labels=a.n_bad_labels + b.n_bad_labels,
         bad_label=a.bad_label if a.n_bad_labels else b.bad_label,
-        label_sum=None if label is None else comb(*label, 0.0, np.add),
+        label_sum=None if label[0] is None else comb(*label, 0.0, np.add),
     )
 
 

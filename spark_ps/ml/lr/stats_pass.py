@@ -4,12 +4,13 @@ Why: the numpy path (``objective._batch_stats``) makes a dozen passes over the e
 (duplicate check, counts, sums, squares, extremes, each a ``bincount`` or ``ufunc.at``),
 and ``label_sums`` one more product: on 500k hashed rows of 30 non-zeros (785k local
 keys) 0.13-0.15 s for the statistics plus 0.09-0.15 s for the labels' sums (measured in
-a fit's ``stats`` round). One pass reads each entry once and updates its key's six
-statistics, adjacent in memory.
+a fit's ``stats`` round). One pass reads each entry once and updates its key's record:
+an entry of a row of 1.0s (hashed one-hot features) only counts and adds its row's label
+and weight; the others update a second record with their sums and extremes.
 
-The sums add in entry order, as the numpy path's plain ``bincount`` sums and the
-transposed product of ``label_sums`` do; a batch holding one value in most entries took
-the numpy path's counting shortcut, which may round differently in the last bits.
+A key's sums over the rows of 1.0s and over the other rows add up separately, then
+together, so they may differ from the numpy path's in the last bits (which sums in entry
+order, or by counting when one value fills most entries).
 
 Compiled lazily (a worker that never fits LR pays no numba import); without numba (or
 with ``SPARK_PS_NO_JIT=1``) :func:`key_sums` returns None and callers take the numpy path.
@@ -21,12 +22,20 @@ import numpy as np
 
 from ps_server.jit import compiled
 
-__all__ = ["COLUMNS", "key_sums", "warm_up"]
+__all__ = ["COLUMNS", "available", "key_sums", "warm_up"]
 
 #: The statistics of a key, in :func:`key_sums`'s columns.
 COLUMNS = ("count", "s1", "s2", "label_sum", "vmin", "vmax")
 
 _KERNEL: list = []
+
+
+def available() -> bool:
+    """Whether the pass runs compiled (numba present, ``SPARK_PS_NO_JIT`` unset)."""
+    if not _KERNEL:
+        got = compiled(_key_sums)
+        _KERNEL.append(None if got is None else got[0])
+    return _KERNEL[0] is not None
 
 
 def key_sums(indptr, indices, data, unit, weights, labels, k: int) -> np.ndarray | None:
@@ -36,12 +45,9 @@ def key_sums(indptr, indices, data, unit, weights, labels, k: int) -> np.ndarray
     True where all its values are 1.0 (``row_blocks.unit_rows``), or None. None without
     numba, or when some row's keys are not strictly increasing (duplicates to merge first:
     the numpy path does). Callers have checked that every index is in ``[0, k)``."""
-    if not _KERNEL:
-        got = compiled(_key_sums)
-        _KERNEL.append(None if got is None else got[0])
-    kernel = _KERNEL[0]
-    if kernel is None:
+    if not available():
         return None
+    kernel = _KERNEL[0]
     n = len(indptr) - 1
     hot = np.zeros((k, 3))  # count, weight of the rows of ones (with weights), label sum
     cold = np.zeros((k, 3))  # count, sum w*x, sum w*x**2 over the rows of other values
