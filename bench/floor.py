@@ -4,19 +4,21 @@ A fit cannot be faster than reading its input once and evaluating its loss and g
 as often as its solver asks, each core on its own partition with the weights at hand:
 
     floor = (a) one Arrow pass of the input into the Python workers (rows to a localized
-                CSR batch: the fit's own `read_partition` and `localize`)
+                batch: the fit's own `read_partition` and `localize`)
           + evaluations x (b) one loss-and-gradient pass over a partition with the
                 weights local (the fit's own `loss_and_grad` kernel; no PS, no Spark job)
 
 Both are measured in a plain `mapInArrow` job over the same partitions, one task per
-task slot as in the fit (on its ``spark.task.cpus`` threads). (a) is the job's wall time
-less its tasks' time after reading, so it holds Spark's task launch and the Arrow
-hand-over, which a fit pays once too; (b) is the slowest partition's median, since
-evaluations wait for every partition. The job runs `passes` times and the floor takes the
-fastest pass's (a) and the median pass's (b): a floor is what the machine can do, and
-one pass alone swung by 60% on the same cached rows (1.36-2.16 s at 2^24 and 1M rows).
-The first pass is often the slowest, partly a warm-up that a fit's own read pays too, so a
-first fit cannot quite reach this floor.
+task slot as in the fit (on its ``spark.task.cpus`` threads), reading what the fit's
+workers read: the estimator's own preparation of the input (`prepare_fit_data`), so a
+small dense vector column travels packed and is read as one matrix, as in the fit.
+(a) is the job's wall time less its tasks' time after reading, so it holds Spark's task
+launch and the Arrow hand-over, which a fit pays once too; (b) is the slowest
+partition's median, since evaluations wait for every partition. The job runs `passes`
+times and the floor takes the fastest pass's (a) and the median pass's (b): a floor is
+what the machine can do, and one pass alone swung by 60% on the same cached rows
+(1.36-2.16 s at 2^24 and 1M rows). The first pass is often the slowest, partly a warm-up
+that a fit's own read pays too, so a first fit cannot quite reach this floor.
 Everything between the floor and the fit (pulls, pushes, rounds, line-search bookkeeping,
 set-up phases) is a cost the fit's own phase timings list.
 """
@@ -36,6 +38,13 @@ def measure_floor(
 ) -> dict:
     """(a) Arrow pass seconds and (b) seconds per local evaluation on `df`'s partitions,
     from `passes` jobs (every pass's (a) is kept too)."""
+    from spark_ps.data import DENSE_MAX_FEATURES
+    from spark_ps.ml.base import prepare_fit_data
+
+    prepared = prepare_fit_data(
+        df, features_col=features_col, label_col=label_col, densify_max=DENSE_MAX_FEATURES
+    )
+    dense = prepared.features_kind == "dense"  # the fit's workers read these as one matrix
 
     def task(batches):
         import numpy as np
@@ -48,7 +57,7 @@ def measure_floor(
 
         threads.set_threads(TaskContext.get().cpus())  # as a fit's worker does
         t0 = time.perf_counter()
-        csr = read_partition(batches, features_col, label_col=label_col)
+        csr = read_partition(batches, features_col, label_col=label_col, dense_matrix=dense)
         keys, local = csr.localize()
         t1 = time.perf_counter()
         rng = np.random.default_rng(0)
@@ -74,7 +83,7 @@ def measure_floor(
     runs = []
     for _ in range(max(passes, 1)):
         t0 = time.perf_counter()
-        parts = df.mapInArrow(task, _SCHEMA).collect()
+        parts = prepared.df.mapInArrow(task, _SCHEMA).collect()
         wall = time.perf_counter() - t0
         after = max((p.after_s for p in parts), default=0.0)
         runs.append(
@@ -89,6 +98,7 @@ def measure_floor(
     evals = sorted(r["eval s"] for r in runs)
     best = min(runs, key=lambda r: r["arrow pass s"])
     return best | {
+        "read as": "dense matrix" if dense else "CSR",
         "eval s": evals[len(evals) // 2],
         "arrow passes s": [round(r["arrow pass s"], 3) for r in runs],
     }

@@ -282,7 +282,7 @@ def _floor(case: Case, fit_s: float, phases: dict) -> dict[str, Any]:
     f = floor_row(fit_s, phases, case.floor)
     print(
         f"floor {case.dataset} {case.dim}: Arrow pass {f['arrow pass s']:.3f} s (fastest of "
-        f"{case.floor.get('arrow passes s')}) + "
+        f"{case.floor.get('arrow passes s')}, read as {case.floor.get('read as')}) + "
         f"{f['evaluations']} evaluations x {f['eval s']:.4f} s = {f['floor s']:.3f} s; "
         f"fit {fit_s:.3f} s = {f['fit/floor']:.2f}x the floor; costs (s): {f['costs']}",
         flush=True,

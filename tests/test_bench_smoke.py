@@ -118,3 +118,31 @@ def test_process_cpu_splits_the_machines_cpu_by_kind_of_process():
     finally:
         if child is not None:
             child.communicate("")  # it exits once its stdin closes
+
+
+@pytest.mark.slow
+def test_the_floor_reads_the_input_as_the_fit_does(spark):
+    """A small dense vector column reaches an L-BFGS fit's workers packed, read as one
+    matrix: the floor's Arrow pass reads it so too (as CSR it was 2-3x the fit's own read,
+    a floor above the fit); sparse rows stay CSR in both."""
+    from pyspark.ml.linalg import Vectors
+
+    from bench.floor import measure_floor
+
+    dense = spark.createDataFrame(
+        [(float(i % 2), Vectors.dense([float(i), 1.0, -0.5 * i])) for i in range(40)],
+        ["label", "features"],
+    ).repartition(2)
+    sparse = spark.createDataFrame(
+        [(float(i % 2), Vectors.sparse(1000, [i, 500], [1.0, 2.0])) for i in range(40)],
+        ["label", "features"],
+    ).repartition(2)
+    floors = {
+        name: measure_floor(df, "features", reps=1, passes=1)
+        for name, df in (("dense", dense), ("sparse", sparse))
+    }
+    assert floors["dense"]["read as"] == "dense matrix"
+    assert floors["sparse"]["read as"] == "CSR"
+    for f in floors.values():
+        assert f["rows"] == 40 and f["partitions"] == 2
+        assert f["arrow pass s"] > 0 and f["eval s"] > 0
