@@ -146,3 +146,15 @@ def test_the_floor_reads_the_input_as_the_fit_does(spark):
     for f in floors.values():
         assert f["rows"] == 40 and f["partitions"] == 2
         assert f["arrow pass s"] > 0 and f["eval s"] > 0
+
+
+@pytest.mark.slow
+def test_the_lr_warm_up_fits_each_kind_of_data_the_run_fits(spark, capsys):
+    """A run with the dense case warms dense fits too (a session's first dense fit warms
+    the packed read of dense rows); a run without it warms sparse rows only."""
+    both = bench_lr.parse_args(["--datasets", "synthetic,dense", "--dense-features", "5"])
+    assert bench_lr.warmup(spark, ["sparkps"], both) == ["synthetic", "dense"]
+    sparse = bench_lr.parse_args(["--datasets", "synthetic"])
+    assert bench_lr.warmup(spark, ["sparkps"], sparse) == ["synthetic"]
+    out = capsys.readouterr().out
+    assert "warm-up (synthetic, dense): " in out and "warm-up (synthetic): " in out
