@@ -9,6 +9,7 @@ namespace hosts (``bench/netns.py``) under a Spark LogisticRegression fit.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -328,13 +329,42 @@ def _fit(spark, df, address: str) -> tuple[np.ndarray, float]:
     return np.append(model.coefficients.toArray(), model.intercept), time.monotonic()
 
 
+class _HoldAt(logging.Handler):
+    """Holds one thread when it logs iteration `at` of a fit until `go` is set: the fit
+    works on while a test's step runs, and is certain to end after the step, however fast
+    the fit or slow the step (iteration logs: spark_ps.ml._progress.Progress.update)."""
+
+    def __init__(self, thread: threading.Thread, at: int) -> None:
+        super().__init__(logging.INFO)
+        self.thread, self.at, self.go = thread, at, threading.Event()
+
+    def handle(self, record: logging.LogRecord) -> bool:  # (no handler lock: others log on)
+        if threading.current_thread() is self.thread and record.args[2] >= self.at:
+            self.go.wait(240)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        pass
+
+
 class _Fit:
-    """A fit on a thread; `.started()` once its tensors exist on the PS."""
+    """A fit on a thread; `.started()` once its tensors exist on the PS; `.release()` lets
+    it past iteration `HOLD_AT` (it waits there until then)."""
+
+    HOLD_AT = 90  # of maxIter 100 (tol 0: all 100 run)
 
     def __init__(self, spark, df, address: str) -> None:
         self.address, self.result, self.error = address, None, None
         self.thread = threading.Thread(target=self._run, args=(spark, df), daemon=True)
+        self.hold = _HoldAt(self.thread, self.HOLD_AT)
+        self.logger = logging.getLogger("spark_ps.progress")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self.hold)
         self.thread.start()
+
+    def release(self) -> None:
+        self.hold.go.set()
 
     def _run(self, spark, df) -> None:
         try:
@@ -347,7 +377,10 @@ class _Fit:
         return bool(status(self.address, TOKEN)["models"])
 
     def done(self) -> tuple[np.ndarray, float]:
+        self.release()
         self.thread.join(240)
+        self.logger.removeHandler(self.hold)
+        self.logger.setLevel(self.level)
         assert self.error is None, f"the fit failed: {self.error!r}"
         assert self.result is not None, "the fit did not finish in 240 s"
         return self.result
