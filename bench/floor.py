@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = ["measure_floor", "floor_row"]
 
-_SCHEMA = "read_s double, after_s double, eval_s double, rows long, keys long"
+_SCHEMA = "read_s double, after_s double, eval_s double, rows long, keys long, batch string"
 
 
 def measure_floor(
@@ -77,6 +77,7 @@ def measure_floor(
                 "eval_s": [float(np.median(times))],
                 "rows": [int(csr.n_rows)],
                 "keys": [int(keys.size)],
+                "batch": [type(local).__name__],  # what the read made: the fit's kind?
             }
         )
 
@@ -93,12 +94,13 @@ def measure_floor(
                 "eval s": max((p.eval_s for p in parts), default=0.0),
                 "rows": sum(p.rows for p in parts),
                 "partitions": len(parts),
+                "batches": sorted({p.batch for p in parts}),
             }
         )
     evals = sorted(r["eval s"] for r in runs)
     best = min(runs, key=lambda r: r["arrow pass s"])
     return best | {
-        "read as": "dense matrix" if dense else "CSR",
+        "read as": " and ".join(best["batches"]),  # DenseBatch: one matrix, as the fit
         "eval s": evals[len(evals) // 2],
         "arrow passes s": [round(r["arrow pass s"], 3) for r in runs],
     }

@@ -141,8 +141,8 @@ def test_the_floor_reads_the_input_as_the_fit_does(spark):
         name: measure_floor(df, "features", reps=1, passes=1)
         for name, df in (("dense", dense), ("sparse", sparse))
     }
-    assert floors["dense"]["read as"] == "dense matrix"
-    assert floors["sparse"]["read as"] == "CSR"
+    assert floors["dense"]["read as"] == "DenseBatch"  # what the tasks' reads made
+    assert floors["sparse"]["read as"] == "CSRBatch"
     for f in floors.values():
         assert f["rows"] == 40 and f["partitions"] == 2
         assert f["arrow pass s"] > 0 and f["eval s"] > 0
