@@ -460,12 +460,12 @@ def transform_bench(spark: Any, impls: list[str], args: argparse.Namespace) -> l
 DENSE_WARMUP_ROWS = 20_000
 
 
-def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> list[str]:
+def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """Fit each implementation once on small data of each kind the run fits, so no timed
-    fit pays JIT/worker start-up; the kinds warmed. Sparse synthetic rows always (2,000);
-    with the dense case also `DENSE_WARMUP_ROWS` dense rows of its width: a session's first
-    dense fit otherwise warmed spark-ps's packed read of dense rows (its job start and
-    read 4.65 s, then 1.44 s in the next fits: 2026-11-29)."""
+    fit pays JIT/worker start-up; returns (kind, impl, the model's numFeatures) per fit.
+    Sparse synthetic rows always (2,000); with the dense case also `DENSE_WARMUP_ROWS`
+    dense rows of its width, since a session's first dense fit pays for the packed read of
+    dense rows once (see bench/RESULTS.md, 2026-11-29)."""
     frames = [("synthetic", synthetic_ctr(spark, 2000, 12, 10, args.seed, args.partitions))]
     if "dense" in parse_impls(args.datasets, DATASETS):
         n = args.dense_features
@@ -473,17 +473,20 @@ def warmup(spark: Any, impls: list[str], args: argparse.Namespace) -> list[str]:
             ("dense", dense_features(spark, DENSE_WARMUP_ROWS, n, args.seed, args.partitions))
         )
     fit_args = argparse.Namespace(**{**vars(args), "max_iter": 3})
+    fitted = []
     with Timer() as t:
-        for _, df in frames:
+        for kind, df in frames:
             df = df.cache()
             for impl in impls:
                 est = estimator(impl, fit_args, "features")
                 if est is not None:
-                    model_auc(est.fit(df), df)
+                    model = est.fit(df)
+                    model_auc(model, df)
+                    fitted.append((kind, impl, int(model.numFeatures)))
             df.unpersist()
-    kinds = [kind for kind, _ in frames]
+    kinds = list(dict.fromkeys(kind for kind, _, _ in fitted))
     print(f"warm-up ({', '.join(kinds)}): {t.elapsed:.1f} s", flush=True)
-    return kinds
+    return fitted
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -153,8 +153,9 @@ def test_the_lr_warm_up_fits_each_kind_of_data_the_run_fits(spark, capsys):
     """A run with the dense case warms dense fits too (a session's first dense fit warms
     the packed read of dense rows); a run without it warms sparse rows only."""
     both = bench_lr.parse_args(["--datasets", "synthetic,dense", "--dense-features", "5"])
-    assert bench_lr.warmup(spark, ["sparkps"], both) == ["synthetic", "dense"]
+    fitted = bench_lr.warmup(spark, ["sparkps"], both)  # models of 2^12 and of 5 features
+    assert fitted == [("synthetic", "sparkps", 2**12), ("dense", "sparkps", 5)]
     sparse = bench_lr.parse_args(["--datasets", "synthetic"])
-    assert bench_lr.warmup(spark, ["sparkps"], sparse) == ["synthetic"]
+    assert bench_lr.warmup(spark, ["sparkps"], sparse) == [("synthetic", "sparkps", 2**12)]
     out = capsys.readouterr().out
     assert "warm-up (synthetic, dense): " in out and "warm-up (synthetic): " in out
