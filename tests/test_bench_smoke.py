@@ -65,6 +65,19 @@ def test_lr_bench_refuses_repeated_first_fits_with_a_refit():
     assert bench_lr.parse_args(["--repeat", "3"]).repeat == 3
 
 
+def test_a_fit_that_ran_out_of_heap_says_how_to_give_it_more():
+    """MLlib at 2^24 needs more than the default driver heap: the status says which flag."""
+    oom = RuntimeError(
+        "An error occurred while calling o123.fit.\n: java.lang.OutOfMemoryError: Java heap space"
+    )
+    status = bench_lr._failure(oom)
+    assert status.startswith("failed: RuntimeError: An error occurred while calling o123.fit.")
+    assert status.endswith(bench_lr.HEAP_HINT) and "--driver-memory" in status
+    assert bench_lr._failure(ValueError("bad label 3.0 in row 7")) == (
+        "failed: ValueError: bad label 3.0 in row 7"
+    )
+
+
 def test_the_floor_row_lists_the_solver_and_what_lies_outside_the_phases():
     """Every second of a fit is in the floor or a listed cost: the solver's own work is
     the first objective and the iterations less the evaluations; what the phases do not
