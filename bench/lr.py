@@ -291,16 +291,23 @@ def _floor(case: Case, fit_s: float, phases: dict) -> dict[str, Any]:
 
 
 #: What a failed fit's status adds when the JVM ran out of heap (MLlib at 2^24 and 1M rows
-#: peaked at 15.5 GiB of heap: bench/RESULTS.md, 2026-11-29).
+#: ran out of a 6g driver and finished with 16g: bench/RESULTS.md, 2026-11-29).
 HEAP_HINT = "; the JVM ran out of heap: give it more with --driver-memory (16g at 2^24)"
+
+
+def _heap_hint(text: str) -> str:
+    """HEAP_HINT if `text` reports the JVM's heap exhausted (not Metaspace or direct
+    buffers, which more heap does not help), else ""."""
+    out_of_heap = "Java heap space" in text or "GC overhead limit exceeded" in text
+    return HEAP_HINT if out_of_heap and HEAP_HINT not in text else ""
 
 
 def _failure(exc: Exception) -> str:
     """A one-line status for a failed fit: exception type and first message line (and how
     to give the JVM more heap, when it ran out)."""
     text = str(exc).strip()
-    hint = HEAP_HINT if ("OutOfMemoryError" in text or "Java heap space" in text) else ""
-    return f"failed: {type(exc).__name__}: {text.splitlines()[0][:160] if text else ''}{hint}"
+    first = text.splitlines()[0][:160] if text else ""
+    return f"failed: {type(exc).__name__}: {first}{_heap_hint(text)}"
 
 
 def _child_argv(impl: str, case: Case, args: argparse.Namespace, target: float | None):
@@ -343,8 +350,7 @@ def _in_child(impl: str, case: Case, args: argparse.Namespace, target: float | N
             ln for ln in lines if "Error" in ln or "failed" in ln
         ]
         msg = errs[0].strip()[:160] if errs else (rows[0]["status"] if rows else "no output")
-        hint = HEAP_HINT if "OutOfMemoryError" in msg and HEAP_HINT not in msg else ""
-        return {"impl": impl, "status": f"failed (exit {code}): {msg}{hint}"}
+        return {"impl": impl, "status": f"failed (exit {code}): {msg}{_heap_hint(msg)}"}
 
 
 def add_ratios(rows: list[dict[str, Any]], ref_s_per_iter: float | None = None) -> None:

@@ -76,6 +76,8 @@ def test_a_fit_that_ran_out_of_heap_says_how_to_give_it_more():
     assert bench_lr._failure(ValueError("bad label 3.0 in row 7")) == (
         "failed: ValueError: bad label 3.0 in row 7"
     )
+    metaspace = RuntimeError("o9.fit\n: java.lang.OutOfMemoryError: Metaspace")
+    assert "--driver-memory" not in bench_lr._failure(metaspace)  # more heap would not help
 
 
 def test_the_floor_row_lists_the_solver_and_what_lies_outside_the_phases():

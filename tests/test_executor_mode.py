@@ -153,7 +153,10 @@ def test_an_lr_fit_survives_its_executor_jvm_killed_mid_fit(jar, tmp_path):
     r = result_of(spark_submit(JOB, "kill-mid-fit", tmp_path, conf=conf, jars=(jar,), timeout=500))
     assert not psutil.pid_exists(r["jvm"])  # the executor JVM really died
     c = r["counters"]
-    assert c["restart"] == 1 and c["restore"] == 1 and c["promotion"] == 0, c
+    # One restart of the lost partition; one rollback, or two when that restart lands while
+    # the first rollback restores (the fit then rolls back again to the same checkpoint:
+    # spark_ps.ml._recovery.FitRecovery.rollback reads the restart count before restoring).
+    assert c["restart"] == 1 and c["restore"] in (1, 2) and c["promotion"] == 0, c
     (lost,) = {h["id"] for h in r["before"]["hosts"]} - {
         h["id"] for h in r["after"]["hosts"] if h["alive"]
     }

@@ -59,8 +59,9 @@ def _in_sync(client: PSClient, timeout: float = 60.0) -> list:
                 raise
             time.sleep(0.2)
             continue
-        if all(b is not None for _, b in pairs) or time.monotonic() > deadline:
+        if all(b is not None for _, b in pairs):
             return pairs
+        assert time.monotonic() < deadline, f"no seeded backup in {timeout:.0f} s: {pairs}"
         time.sleep(0.2)
 
 
@@ -382,15 +383,18 @@ def test_a_request_whose_answer_was_lost_is_not_applied_again_by_the_new_primary
     shard = int(spec.shard_of(key)[0])
     _raw_push(c, shard, spec, key, np.ones(1), "lost-ack-1")  # applied on both replicas
     c.refresh()
-    old_primary = c.addresses[shard]
+    backup, promotions = c.backups[shard], svc.coordinator.counters["promotion"]
+    assert backup, "the shard has a seeded backup"
     _kill_primary(c, shard)
     # The map moves on twice: at the fence (a new term, same address) and when the backup
-    # is the primary; the retry must go to the promoted backup, so wait for its address.
+    # is the primary; the retry must reach the promoted backup (a restarted, empty primary
+    # would apply it once too), so wait for the backup's address in the primary's place.
     deadline = time.monotonic() + 30
-    while c.addresses[shard] == old_primary and time.monotonic() < deadline:
+    while c.addresses[shard] != backup and time.monotonic() < deadline:
         time.sleep(0.1)
         c.refresh()
-    assert c.addresses[shard] != old_primary  # the backup was promoted
+    assert c.addresses[shard] == backup, "the backup was not promoted"
+    assert svc.coordinator.counters["promotion"] == promotions + 1
     again = _raw_push(c, shard, spec, key, np.ones(1), "lost-ack-1")  # the client's retry
     assert again.value == 1
     np.testing.assert_array_equal(c.pull(spec, key), [1.0])  # once, not twice

@@ -332,14 +332,25 @@ def _fit(spark, df, address: str) -> tuple[np.ndarray, float]:
 class _HoldAt(logging.Handler):
     """Holds one thread when it logs iteration `at` of a fit until `go` is set: the fit
     works on while a test's step runs, and is certain to end after the step, however fast
-    the fit or slow the step (iteration logs: spark_ps.ml._progress.Progress.update)."""
+    the fit or slow the step (iteration logs: spark_ps.ml._progress.Progress.update, whose
+    args are name, unit, done, total, ...). `held_at`: when it first held the thread."""
 
     def __init__(self, thread: threading.Thread, at: int) -> None:
         super().__init__(logging.INFO)
         self.thread, self.at, self.go = thread, at, threading.Event()
+        self.held_at: float | None = None
 
     def handle(self, record: logging.LogRecord) -> bool:  # (no handler lock: others log on)
-        if threading.current_thread() is self.thread and record.args[2] >= self.at:
+        args = record.args
+        if (
+            threading.current_thread() is self.thread
+            and isinstance(args, tuple)
+            and len(args) >= 4
+            and isinstance(args[2], (int, np.integer))
+            and args[2] >= self.at
+        ):
+            if self.held_at is None:
+                self.held_at = time.monotonic()
             self.go.wait(240)
         return True
 
@@ -348,10 +359,11 @@ class _HoldAt(logging.Handler):
 
 
 class _Fit:
-    """A fit on a thread; `.started()` once its tensors exist on the PS; `.release()` lets
-    it past iteration `HOLD_AT` (it waits there until then)."""
+    """A fit on a thread, as a context: `.started()` once its tensors exist on the PS; it
+    waits at iteration `HOLD_AT` until `.done()` (or leaving the context, which also
+    waits for it: a failed test leaves no fit behind to run into a later one)."""
 
-    HOLD_AT = 90  # of maxIter 100 (tol 0: all 100 run)
+    HOLD_AT = 90  # of maxIter 100 (tol 0)
 
     def __init__(self, spark, df, address: str) -> None:
         self.address, self.result, self.error = address, None, None
@@ -363,8 +375,14 @@ class _Fit:
         self.logger.addHandler(self.hold)
         self.thread.start()
 
-    def release(self) -> None:
+    def __enter__(self) -> _Fit:
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.hold.go.set()
+        self.thread.join(240)
+        self.logger.removeHandler(self.hold)
+        self.logger.setLevel(self.level)
 
     def _run(self, spark, df) -> None:
         try:
@@ -376,13 +394,16 @@ class _Fit:
         assert self.thread.is_alive() or self.result is not None, self.error
         return bool(status(self.address, TOKEN)["models"])
 
-    def done(self) -> tuple[np.ndarray, float]:
-        self.release()
+    def done(self, step_began: float) -> tuple[np.ndarray, float]:
+        """The fit's result, once it is let past its hold; asserts that it was still working
+        when the test's step began at `step_began` (it reached the hold after that)."""
+        self.hold.go.set()
         self.thread.join(240)
-        self.logger.removeHandler(self.hold)
-        self.logger.setLevel(self.level)
         assert self.error is None, f"the fit failed: {self.error!r}"
         assert self.result is not None, "the fit did not finish in 240 s"
+        held = self.hold.held_at
+        assert held is not None, f"the fit never reached iteration {self.HOLD_AT}"
+        assert held > step_began, "the fit was waiting at its hold before the step began"
         return self.result
 
 
@@ -413,15 +434,14 @@ def _join_and_drain_under_fits(spark, ctr, hosts, svc) -> None:
     clean, _ = _fit(spark, ctr, svc.address)
     print(f"clean fit: {time.monotonic() - t:.1f}s")
 
-    fit = _Fit(spark, ctr, svc.address)
-    _wait(fit.started, "the fit to start", timeout=120)
-    t0 = time.monotonic()
-    join(svc, 2, TOKEN, shards=3)
-    new = hosts.address(2)
-    st = _wait(lambda: _moves_done(svc.address, f"join {new}"), "the join's moves")
-    joined_at = time.monotonic()
-    coefficients, ended = fit.done()
-    assert joined_at < ended, "the moves must happen while the fit runs"
+    with _Fit(spark, ctr, svc.address) as fit:  # held at an iteration until the moves end
+        _wait(fit.started, "the fit to start", timeout=120)
+        t0 = time.monotonic()
+        join(svc, 2, TOKEN, shards=3)
+        new = hosts.address(2)
+        st = _wait(lambda: _moves_done(svc.address, f"join {new}"), "the join's moves")
+        joined_at = time.monotonic()
+        coefficients, ended = fit.done(step_began=t0)  # the moves began as the fit ran
     np.testing.assert_allclose(coefficients, clean, rtol=1e-12, atol=1e-15)
     moves = [m for m in st["moves"] if m["reason"] == f"join {new}"]
     assert {m["state"] for m in moves} == {"done"}, moves
@@ -438,13 +458,13 @@ def _join_and_drain_under_fits(spark, ctr, hosts, svc) -> None:
     counters = st["counters"]
     assert counters["restart"] == 0 and counters["promotion"] == 0  # none restarted empty
 
-    fit = _Fit(spark, ctr, svc.address)
-    _wait(fit.started, "the fit to start", timeout=120)
-    gone = hosts.address(0)
-    report = json.loads(_check(_cli("drain", svc.address, gone, "--timeout", "120")).stdout)
-    drained_at = time.monotonic()
-    coefficients, ended = fit.done()
-    assert drained_at < ended, "the drain must happen while the fit runs"
+    with _Fit(spark, ctr, svc.address) as fit:
+        _wait(fit.started, "the fit to start", timeout=120)
+        gone = hosts.address(0)
+        began = time.monotonic()
+        report = json.loads(_check(_cli("drain", svc.address, gone, "--timeout", "120")).stdout)
+        drained_at = time.monotonic()
+        coefficients, ended = fit.done(step_began=began)  # the drain began as the fit ran
     print(f"drain: {ended - drained_at:.1f}s of the fit left after it")
     np.testing.assert_allclose(coefficients, clean, rtol=1e-12, atol=1e-15)
     assert report["retired"] and report["moves"], report
